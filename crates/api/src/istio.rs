@@ -1,0 +1,286 @@
+//! Istio CRDs the ambient control plane reads, as serde types (fields in Istio's camelCase).
+//! Unknown fields are ignored, as the API server prunes them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ObjectMeta;
+
+macro_rules! istio_object {
+    ($(#[$doc:meta])* $name:ident, $spec:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        pub struct $name {
+            #[serde(default)]
+            pub metadata: ObjectMeta,
+            #[serde(default)]
+            pub spec: $spec,
+        }
+    };
+}
+
+istio_object!(
+    /// `security.istio.io` AuthorizationPolicy.
+    AuthorizationPolicy,
+    AuthorizationPolicySpec
+);
+istio_object!(
+    /// `security.istio.io` PeerAuthentication.
+    PeerAuthentication,
+    PeerAuthenticationSpec
+);
+istio_object!(
+    /// `networking.istio.io` ServiceEntry.
+    ServiceEntry,
+    ServiceEntrySpec
+);
+istio_object!(
+    /// `networking.istio.io` WorkloadEntry.
+    WorkloadEntry,
+    WorkloadEntrySpec
+);
+
+/// `selector: {matchLabels: {...}}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadSelector {
+    #[serde(default)]
+    pub match_labels: BTreeMap<String, String>,
+}
+
+/// `targetRef`/`targetRefs` entries (policies attached to Gateways/Services are for waypoints).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyTargetReference {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AuthorizationAction {
+    #[default]
+    Allow,
+    Deny,
+    Audit,
+    Custom,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthorizationPolicySpec {
+    #[serde(default)]
+    pub selector: Option<WorkloadSelector>,
+    #[serde(default)]
+    pub target_ref: Option<PolicyTargetReference>,
+    #[serde(default)]
+    pub target_refs: Vec<PolicyTargetReference>,
+    #[serde(default)]
+    pub action: AuthorizationAction,
+    /// `rules: null` or absent means "no rules"; `rules: [{}]` means "match everything".
+    #[serde(default)]
+    pub rules: Option<Vec<Rule>>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rule {
+    #[serde(default)]
+    pub from: Vec<RuleFrom>,
+    #[serde(default)]
+    pub to: Vec<RuleTo>,
+    #[serde(default)]
+    pub when: Vec<Condition>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleFrom {
+    #[serde(default)]
+    pub source: Source,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleTo {
+    #[serde(default)]
+    pub operation: Operation,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Source {
+    #[serde(default)]
+    pub principals: Vec<String>,
+    #[serde(default)]
+    pub not_principals: Vec<String>,
+    #[serde(default)]
+    pub request_principals: Vec<String>,
+    #[serde(default)]
+    pub not_request_principals: Vec<String>,
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    #[serde(default)]
+    pub not_namespaces: Vec<String>,
+    #[serde(default)]
+    pub service_accounts: Vec<String>,
+    #[serde(default)]
+    pub not_service_accounts: Vec<String>,
+    #[serde(default)]
+    pub ip_blocks: Vec<String>,
+    #[serde(default)]
+    pub not_ip_blocks: Vec<String>,
+    #[serde(default)]
+    pub remote_ip_blocks: Vec<String>,
+    #[serde(default)]
+    pub not_remote_ip_blocks: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Operation {
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub not_hosts: Vec<String>,
+    #[serde(default)]
+    pub ports: Vec<String>,
+    #[serde(default)]
+    pub not_ports: Vec<String>,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    #[serde(default)]
+    pub not_methods: Vec<String>,
+    #[serde(default)]
+    pub paths: Vec<String>,
+    #[serde(default)]
+    pub not_paths: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub values: Vec<String>,
+    #[serde(default)]
+    pub not_values: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum MtlsMode {
+    #[default]
+    Unset,
+    Disable,
+    Permissive,
+    Strict,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerAuthenticationMtls {
+    #[serde(default)]
+    pub mode: MtlsMode,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerAuthenticationSpec {
+    #[serde(default)]
+    pub selector: Option<WorkloadSelector>,
+    #[serde(default)]
+    pub mtls: Option<PeerAuthenticationMtls>,
+    /// Keyed by port number (as a string in YAML/JSON).
+    #[serde(default)]
+    pub port_level_mtls: BTreeMap<String, PeerAuthenticationMtls>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ServiceEntryLocation {
+    #[default]
+    MeshExternal,
+    MeshInternal,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ServiceEntryResolution {
+    #[default]
+    None,
+    Static,
+    Dns,
+    DnsRoundRobin,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    pub number: u32,
+    #[serde(default)]
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub target_port: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceEntrySpec {
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    #[serde(default)]
+    pub ports: Vec<ServicePort>,
+    #[serde(default)]
+    pub location: ServiceEntryLocation,
+    #[serde(default)]
+    pub resolution: ServiceEntryResolution,
+    #[serde(default)]
+    pub endpoints: Vec<WorkloadEntrySpec>,
+    #[serde(default)]
+    pub workload_selector: Option<WorkloadEntrySelector>,
+    #[serde(default)]
+    pub export_to: Vec<String>,
+    #[serde(default)]
+    pub subject_alt_names: Vec<String>,
+}
+
+/// `workloadSelector: {labels: {...}}` of a ServiceEntry.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadEntrySelector {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadEntrySpec {
+    #[serde(default)]
+    pub address: String,
+    #[serde(default)]
+    pub ports: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub network: String,
+    #[serde(default)]
+    pub locality: String,
+    #[serde(default)]
+    pub weight: Option<u32>,
+    #[serde(default)]
+    pub service_account: String,
+}

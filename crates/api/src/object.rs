@@ -1,0 +1,233 @@
+//! The closed set of objects the mesh reads, their keys and their decoding.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    ApiError, AuthorizationPolicy, Namespace, ObjectMeta, PeerAuthentication, Pod, Service,
+    ServiceEntry, WorkloadEntry,
+};
+
+/// The kinds of object the mesh reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Kind {
+    Namespace,
+    Pod,
+    Service,
+    ServiceEntry,
+    WorkloadEntry,
+    AuthorizationPolicy,
+    PeerAuthentication,
+}
+
+impl Kind {
+    /// Every kind, in a stable order.
+    pub const ALL: [Kind; 7] = [
+        Kind::Namespace,
+        Kind::Pod,
+        Kind::Service,
+        Kind::ServiceEntry,
+        Kind::WorkloadEntry,
+        Kind::AuthorizationPolicy,
+        Kind::PeerAuthentication,
+    ];
+
+    /// The Kubernetes `kind` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Namespace => "Namespace",
+            Kind::Pod => "Pod",
+            Kind::Service => "Service",
+            Kind::ServiceEntry => "ServiceEntry",
+            Kind::WorkloadEntry => "WorkloadEntry",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
+            Kind::PeerAuthentication => "PeerAuthentication",
+        }
+    }
+
+    /// API groups (without version) this kind is served under.
+    fn group(self) -> &'static str {
+        match self {
+            Kind::Namespace | Kind::Pod | Kind::Service => "",
+            Kind::ServiceEntry | Kind::WorkloadEntry => "networking.istio.io",
+            Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
+        }
+    }
+
+    /// Versions accepted for this kind's group.
+    fn versions(self) -> &'static [&'static str] {
+        match self.group() {
+            "" => &["v1"],
+            "networking.istio.io" => &["v1", "v1beta1", "v1alpha3"],
+            _ => &["v1", "v1beta1"],
+        }
+    }
+
+    /// Whether objects of this kind live in a namespace.
+    pub fn namespaced(self) -> bool {
+        self != Kind::Namespace
+    }
+
+    /// Finds the kind for an `apiVersion`/`kind` pair.
+    pub fn from_type(api_version: &str, kind: &str) -> Option<Kind> {
+        let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == kind && k.group() == group && k.versions().contains(&version))
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identity of an object: kind, namespace (empty for cluster-scoped kinds) and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ObjectKey {
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(kind: Kind, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ObjectKey {
+            kind,
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{}/{}", self.kind, self.name)
+        } else {
+            write!(f, "{}/{}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+/// One typed object.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    Namespace(Namespace),
+    Pod(Box<Pod>),
+    Service(Box<Service>),
+    ServiceEntry(Box<ServiceEntry>),
+    WorkloadEntry(Box<WorkloadEntry>),
+    AuthorizationPolicy(Box<AuthorizationPolicy>),
+    PeerAuthentication(Box<PeerAuthentication>),
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Namespace(_) => Kind::Namespace,
+            Object::Pod(_) => Kind::Pod,
+            Object::Service(_) => Kind::Service,
+            Object::ServiceEntry(_) => Kind::ServiceEntry,
+            Object::WorkloadEntry(_) => Kind::WorkloadEntry,
+            Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
+            Object::PeerAuthentication(_) => Kind::PeerAuthentication,
+        }
+    }
+
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Object::Namespace(o) => &o.metadata,
+            Object::Pod(o) => &o.metadata,
+            Object::Service(o) => &o.metadata,
+            Object::ServiceEntry(o) => &o.metadata,
+            Object::WorkloadEntry(o) => &o.metadata,
+            Object::AuthorizationPolicy(o) => &o.metadata,
+            Object::PeerAuthentication(o) => &o.metadata,
+        }
+    }
+
+    /// The object's key. A namespaced object without `metadata.namespace` is in `default`,
+    /// as `kubectl apply` would put it.
+    pub fn key(&self) -> ObjectKey {
+        let meta = self.metadata();
+        let kind = self.kind();
+        let namespace = if kind.namespaced() {
+            meta.namespace.clone().unwrap_or_else(|| "default".into())
+        } else {
+            String::new()
+        };
+        ObjectKey::new(kind, namespace, meta.name.clone().unwrap_or_default())
+    }
+
+    /// Decodes one document (already parsed to JSON values) into a typed object.
+    ///
+    /// Fills in `metadata.namespace = default` for namespaced objects that omit it.
+    pub fn from_value(value: serde_json::Value) -> Result<Object, ApiError> {
+        let api_version = type_field(&value, "apiVersion")?;
+        let kind_str = type_field(&value, "kind")?;
+        let kind =
+            Kind::from_type(&api_version, &kind_str).ok_or_else(|| ApiError::UnsupportedKind {
+                api_version: api_version.clone(),
+                kind: kind_str.clone(),
+            })?;
+        let name = value
+            .pointer("/metadata/name")
+            .and_then(|n| n.as_str())
+            .filter(|n| !n.is_empty())
+            .ok_or(ApiError::MissingName { kind })?
+            .to_string();
+        let mut obj = match kind {
+            Kind::Namespace => Object::Namespace(decode(kind, &name, value)?),
+            Kind::Pod => Object::Pod(decode(kind, &name, value)?),
+            Kind::Service => Object::Service(decode(kind, &name, value)?),
+            Kind::ServiceEntry => Object::ServiceEntry(decode(kind, &name, value)?),
+            Kind::WorkloadEntry => Object::WorkloadEntry(decode(kind, &name, value)?),
+            Kind::AuthorizationPolicy => Object::AuthorizationPolicy(decode(kind, &name, value)?),
+            Kind::PeerAuthentication => Object::PeerAuthentication(decode(kind, &name, value)?),
+        };
+        if kind.namespaced() {
+            let meta = obj.metadata_mut();
+            if meta.namespace.as_deref().is_none_or(str::is_empty) {
+                meta.namespace = Some("default".into());
+            }
+        }
+        Ok(obj)
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        match self {
+            Object::Namespace(o) => &mut o.metadata,
+            Object::Pod(o) => &mut o.metadata,
+            Object::Service(o) => &mut o.metadata,
+            Object::ServiceEntry(o) => &mut o.metadata,
+            Object::WorkloadEntry(o) => &mut o.metadata,
+            Object::AuthorizationPolicy(o) => &mut o.metadata,
+            Object::PeerAuthentication(o) => &mut o.metadata,
+        }
+    }
+}
+
+fn type_field(value: &serde_json::Value, field: &'static str) -> Result<String, ApiError> {
+    value
+        .get(field)
+        .and_then(|v| v.as_str())
+        .map(str::to_string)
+        .ok_or(ApiError::MissingTypeField { field })
+}
+
+/// Deserializes with the failing field's path (e.g. `spec.ports[0].port`) in the error.
+fn decode<T: serde::de::DeserializeOwned>(
+    kind: Kind,
+    name: &str,
+    value: serde_json::Value,
+) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(value).map_err(|err| ApiError::InvalidField {
+        kind,
+        name: name.to_string(),
+        path: err.path().to_string(),
+        message: err.inner().to_string(),
+    })
+}

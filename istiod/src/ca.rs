@@ -1,0 +1,1 @@
+//! ca (being written)

@@ -1,0 +1,10 @@
+//! istiod: the ambient control plane.
+//!
+//! cluster state (`mesh-source`) -> debounced batches (`push`) -> immutable snapshots (`model`)
+//! -> delta xDS to proxies (`xds`); plus the CA (`ca`, `auth`), debug endpoints and metrics.
+
+pub mod auth;
+pub mod ca;
+pub mod model;
+pub mod push;
+pub mod xds;

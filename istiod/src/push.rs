@@ -1,0 +1,1 @@
+//! push (being written)

@@ -1,0 +1,1 @@
+//! xds (being written)
