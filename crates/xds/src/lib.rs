@@ -2,5 +2,7 @@
 //! the per-stream bookkeeping of the delta protocol (subscriptions, nonces, ACK/NACK).
 
 mod resource;
+mod snapshot;
 
 pub use resource::{Resource, ResourceMap};
+pub use snapshot::{ChangeSet, XdsSnapshot};
