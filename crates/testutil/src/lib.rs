@@ -1,1 +1,9 @@
-//! mesh-testutil
+//! Test helpers shared by the crates' integration tests: a temporary cluster directory that
+//! writes Kubernetes YAML the way tools do (atomically), and builders for common objects.
+//! (Fake CA, fake ADS and fake ZDS peers join this crate with the data plane.)
+
+mod cluster_dir;
+mod objects;
+
+pub use cluster_dir::ClusterDir;
+pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};

@@ -1,0 +1,262 @@
+//! Control-plane push convergence: istiod with N Pods and M Services from generated YAML and C
+//! concurrent delta-xDS clients (as ztunnels). Measures the time from one Pod change on disk until
+//! every client has it, and istiod's RSS. Prints a table.
+//!
+//! Usage: istiod-push --istiod <path-to-istiod-binary> [--pods 10000 --services 1000
+//!        --clients 500 --changes 20]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use mesh_bench::{percentile, print_table};
+use mesh_proto::discovery::{
+    aggregated_discovery_service_client::AggregatedDiscoveryServiceClient, DeltaDiscoveryRequest,
+};
+use mesh_proto::envoy::pb::envoy::config::core::v3::Node;
+use mesh_proto::type_url;
+use tokio::sync::{mpsc, Barrier};
+use tokio_stream::StreamExt;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// The istiod binary to run.
+    #[arg(long)]
+    istiod: PathBuf,
+    #[arg(long, default_value_t = 10_000)]
+    pods: usize,
+    #[arg(long, default_value_t = 1_000)]
+    services: usize,
+    #[arg(long, default_value_t = 500)]
+    clients: usize,
+    /// Pod changes to measure.
+    #[arg(long, default_value_t = 20)]
+    changes: usize,
+    /// Base port: xDS on +10, debug HTTP on +80.
+    #[arg(long, default_value_t = 25000)]
+    base_port: u16,
+}
+
+const NAMESPACES: usize = 100;
+
+fn pod_yaml(ns: usize, i: usize, revision: usize) -> String {
+    let svc = i % 10;
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: pod-{i}\n  namespace: ns-{ns}\n  labels:\n    app: svc-{svc}\n    version: v{revision}\nspec:\n  nodeName: node-{node}\n  serviceAccountName: sa-{svc}\n  containers:\n  - name: app\n    image: app\n    ports:\n    - name: http\n      containerPort: 8080\nstatus:\n  phase: Running\n  podIP: 10.{a}.{b}.{c}\n  conditions:\n  - type: Ready\n    status: \"True\"\n",
+        node = i % 50,
+        a = 1 + ns / 250,
+        b = ns % 250,
+        c = 1 + i % 250,
+    )
+}
+
+fn write_cluster(dir: &Path, pods: usize, services: usize) -> anyhow::Result<Vec<(usize, usize)>> {
+    let per_ns_pods = pods.div_ceil(NAMESPACES);
+    let per_ns_svcs = services.div_ceil(NAMESPACES);
+    let mut pod_ids = Vec::new();
+    for ns in 0..NAMESPACES {
+        let nsdir = dir.join(format!("ns-{ns}"));
+        std::fs::create_dir_all(&nsdir)?;
+        let mut head = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: ns-{ns}\n  labels:\n    istio.io/dataplane-mode: ambient\n"
+        );
+        for s in 0..per_ns_svcs {
+            head.push_str(&format!(
+                "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: svc-{s}\n  namespace: ns-{ns}\nspec:\n  clusterIP: 10.96.{ns}.{ip}\n  selector:\n    app: svc-{s}\n  ports:\n  - name: http\n    port: 80\n    targetPort: http\n",
+                ip = s + 1
+            ));
+        }
+        std::fs::write(nsdir.join("namespace.yaml"), head)?;
+        for i in 0..per_ns_pods.min(250) {
+            std::fs::write(nsdir.join(format!("pod-{i}.yaml")), pod_yaml(ns, i, 0))?;
+            pod_ids.push((ns, i));
+        }
+    }
+    Ok(pod_ids)
+}
+
+fn rss_mib(pid: u32) -> anyhow::Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .context("no VmRSS")?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()?;
+    Ok(kb / 1024.0)
+}
+
+fn start_istiod(args: &Args, dir: &Path, state: &Path, tokens: &Path) -> anyhow::Result<Child> {
+    let p = args.base_port;
+    Command::new(&args.istiod)
+        .arg(format!("--config-dir={}", dir.display()))
+        .arg(format!("--state-dir={}", state.display()))
+        .arg(format!("--tokens-file={}", tokens.display()))
+        .arg(format!("--grpc-addr=127.0.0.1:{}", p + 10))
+        .arg(format!("--secure-grpc-addr=127.0.0.1:{}", p + 12))
+        .arg(format!("--monitoring-addr=127.0.0.1:{}", p + 14))
+        .arg(format!("--http-addr=127.0.0.1:{}", p + 80))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting istiod")
+}
+
+/// One client: wildcard-subscribes to Address and Authorization, ACKs everything, and reports
+/// (client, resource name, receive time) for every resource it receives.
+async fn client(
+    id: usize,
+    addr: String,
+    ready: Arc<Barrier>,
+    seen: mpsc::UnboundedSender<(String, Instant)>,
+) -> anyhow::Result<()> {
+    let mut ads = AggregatedDiscoveryServiceClient::connect(addr)
+        .await?
+        .max_decoding_message_size(256 << 20);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let node = Node {
+        id: format!("ztunnel~10.255.{}.{}~ztunnel-{id}.istio-system~istio-system.svc.cluster.local", id / 250, id % 250),
+        ..Default::default()
+    };
+    for t in [type_url::ADDRESS, type_url::AUTHORIZATION] {
+        tx.send(DeltaDiscoveryRequest {
+            node: Some(node.clone()),
+            type_url: t.to_string(),
+            ..Default::default()
+        })?;
+    }
+    let mut stream = ads
+        .delta_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    let mut initial = true;
+    while let Some(resp) = stream.next().await {
+        let resp = resp?;
+        let now = Instant::now();
+        tx.send(DeltaDiscoveryRequest {
+            type_url: resp.type_url.clone(),
+            response_nonce: resp.nonce.clone(),
+            ..Default::default()
+        })?;
+        if resp.type_url == type_url::ADDRESS && initial {
+            initial = false;
+            ready.wait().await;
+            continue;
+        }
+        for r in resp.resources {
+            let _ = seen.send((r.name, now));
+        }
+    }
+    bail!("client {id}: stream ended")
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let root = std::env::temp_dir().join(format!("istiod-push-bench-{}", std::process::id()));
+    let dir = root.join("cluster");
+    let state = root.join("state");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(&state)?;
+    let tokens = root.join("tokens.yaml");
+    std::fs::write(&tokens, "tokens: []\n")?;
+    let t = Instant::now();
+    let pod_ids = write_cluster(&dir, args.pods, args.services)?;
+    eprintln!("wrote {} pods / {} services in {:?}", pod_ids.len(), args.services, t.elapsed());
+
+    let mut istiod = start_istiod(&args, &dir, &state, &tokens)?;
+    let result = run(&args, &dir, &pod_ids, istiod.id()).await;
+    let _ = istiod.kill();
+    let _ = istiod.wait();
+    let _ = std::fs::remove_dir_all(&root);
+    result
+}
+
+async fn wait_ready(port: u16) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(120) {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            s.write_all(b"GET /ready HTTP/1.0\r\n\r\n").await?;
+            let mut buf = Vec::new();
+            s.read_to_end(&mut buf).await?;
+            if buf.starts_with(b"HTTP/1.0 200") || buf.starts_with(b"HTTP/1.1 200") {
+                return Ok(start.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("istiod not ready after 120 s")
+}
+
+async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> anyhow::Result<()> {
+    let ready_after = wait_ready(args.base_port + 80).await?;
+    let rss_idle = rss_mib(pid)?;
+    eprintln!("istiod ready in {ready_after:?}, RSS {rss_idle:.1} MiB; connecting {} clients", args.clients);
+
+    let barrier = Arc::new(Barrier::new(args.clients + 1));
+    let (seen_tx, mut seen_rx) = mpsc::unbounded_channel();
+    let addr = format!("http://127.0.0.1:{}", args.base_port + 10);
+    let t = Instant::now();
+    for id in 0..args.clients {
+        let (addr, b, s) = (addr.clone(), barrier.clone(), seen_tx.clone());
+        tokio::spawn(async move {
+            if let Err(e) = client(id, addr, b, s).await {
+                eprintln!("{e:#}");
+            }
+        });
+    }
+    barrier.wait().await;
+    let initial_sync = t.elapsed();
+    let rss_connected = rss_mib(pid)?;
+    eprintln!("all clients synced in {initial_sync:?}; RSS {rss_connected:.1} MiB");
+
+    let mut per_client = Vec::new();
+    let mut all_clients = Vec::new();
+    for change in 0..args.changes {
+        let (ns, i) = pod_ids[(change * 7919) % pod_ids.len()];
+        let name = format!("Kubernetes//Pod/ns-{ns}/pod-{i}");
+        let path = dir.join(format!("ns-{ns}/pod-{i}.yaml"));
+        let tmp = dir.join(format!("ns-{ns}/.pod-{i}.yaml.tmp"));
+        std::fs::write(&tmp, pod_yaml(ns, i, change + 1))?;
+        let t0 = Instant::now();
+        std::fs::rename(&tmp, &path)?;
+        let mut got = 0;
+        let deadline = t0 + Duration::from_secs(30);
+        while got < args.clients {
+            let (n, at) = tokio::time::timeout_at(deadline.into(), seen_rx.recv())
+                .await
+                .with_context(|| format!("change {change}: only {got}/{} clients got {name}", args.clients))?
+                .context("clients gone")?;
+            if n == name {
+                got += 1;
+                per_client.push(at.duration_since(t0).as_secs_f64() * 1e3);
+                if got == args.clients {
+                    all_clients.push(at.duration_since(t0).as_secs_f64() * 1e3);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let rss_after = rss_mib(pid)?;
+    print_table(
+        &["measure", "value"],
+        &[
+            vec!["pods / services / clients".into(), format!("{} / {} / {}", pod_ids.len(), args.services, args.clients)],
+            vec!["istiod ready (initial load)".into(), format!("{:.0} ms", ready_after.as_secs_f64() * 1e3)],
+            vec!["all clients initial sync".into(), format!("{:.0} ms", initial_sync.as_secs_f64() * 1e3)],
+            vec!["one Pod change -> a client has it, p50".into(), format!("{:.1} ms", percentile(&mut per_client, 50.0))],
+            vec!["one Pod change -> a client has it, p99".into(), format!("{:.1} ms", percentile(&mut per_client, 99.0))],
+            vec!["one Pod change -> every client has it, p50".into(), format!("{:.1} ms", percentile(&mut all_clients, 50.0))],
+            vec!["one Pod change -> every client has it, p99".into(), format!("{:.1} ms", percentile(&mut all_clients, 99.0))],
+            vec!["(debounce quiet period included)".into(), "100 ms".into()],
+            vec!["istiod RSS idle / connected / after".into(), format!("{rss_idle:.0} / {rss_connected:.0} / {rss_after:.0} MiB")],
+        ],
+    );
+    Ok(())
+}

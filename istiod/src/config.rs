@@ -1,0 +1,185 @@
+//! istiod's command line and environment (Istio's variable names where they exist).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use serde::Serialize;
+
+/// The ambient control plane: serves workloads, services and L4 policies to ztunnels over delta
+/// xDS, and certificates over Istio's CA API.
+#[derive(Debug, Clone, Parser, Serialize)]
+#[command(name = "istiod", version, about)]
+pub struct Config {
+    /// Directory of Kubernetes YAML to read and watch (the local, embedded mode).
+    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
+    pub config_dir: PathBuf,
+
+    /// Where istiod keeps its own state: the self-signed root CA and the published root cert.
+    #[arg(long, env = "ISTIOD_STATE_DIR", default_value = "/var/lib/istiod")]
+    pub state_dir: PathBuf,
+
+    /// A plugged-in CA (ca-cert.pem, ca-key.pem, root-cert.pem, cert-chain.pem), like Istio's
+    /// `cacerts` secret. Without it istiod generates a self-signed root in the state dir.
+    #[arg(long, env = "ISTIOD_CACERTS_DIR")]
+    pub cacerts_dir: Option<PathBuf>,
+
+    /// Bearer tokens accepted from proxies in the local mode (YAML: tokens[].{token, identity,
+    /// node, expires}).
+    #[arg(long, env = "ISTIOD_TOKENS_FILE")]
+    pub tokens_file: PathBuf,
+
+    /// Plaintext xDS.
+    #[arg(long, env = "ISTIOD_GRPC_ADDR", default_value = "0.0.0.0:15010")]
+    pub grpc_addr: SocketAddr,
+
+    /// xDS and CA over TLS (serving certificate from istiod's own CA).
+    #[arg(long, env = "ISTIOD_SECURE_GRPC_ADDR", default_value = "0.0.0.0:15012")]
+    pub secure_grpc_addr: SocketAddr,
+
+    /// Prometheus metrics (`/metrics`).
+    #[arg(long, env = "ISTIOD_MONITORING_ADDR", default_value = "0.0.0.0:15014")]
+    pub monitoring_addr: SocketAddr,
+
+    /// Debug endpoints (`/debug/syncz`, `/debug/configz`) and `/ready`.
+    #[arg(long, env = "ISTIOD_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+
+    /// Quiet period before a push: changes closer together than this are merged.
+    #[arg(long, env = "PILOT_DEBOUNCE_AFTER", default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub debounce_after: Duration,
+
+    /// Upper bound on how long a push may be delayed by a stream of changes.
+    #[arg(long, env = "PILOT_DEBOUNCE_MAX", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub debounce_max: Duration,
+
+    /// Cluster id written into workload uids (`<cluster>//Pod/<ns>/<name>`).
+    #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+
+    /// SPIFFE trust domain of issued identities.
+    #[arg(long, env = "TRUST_DOMAIN", default_value = "cluster.local")]
+    pub trust_domain: String,
+
+    /// DNS suffix of Kubernetes services (`<svc>.<ns>.svc.<suffix>`).
+    #[arg(long, env = "DOMAIN_SUFFIX", default_value = "cluster.local")]
+    pub domain_suffix: String,
+
+    /// Namespace whose selector-less policies apply mesh-wide.
+    #[arg(long, env = "ROOT_NAMESPACE", default_value = "istio-system")]
+    pub root_namespace: String,
+
+    /// Network of workloads that do not name one.
+    #[arg(long, env = "NETWORK", default_value = "")]
+    pub network: String,
+
+    /// Longest certificate lifetime the CA issues; longer requests are capped.
+    #[arg(long, env = "MAX_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub max_workload_cert_ttl: Duration,
+
+    /// DNS names on istiod's serving certificate (15012).
+    #[arg(long, env = "ISTIOD_SERVING_DNS_NAMES", value_delimiter = ',',
+          default_value = "istiod.istio-system.svc,istiod.istio-system.svc.cluster.local,localhost")]
+    pub serving_dns_names: Vec<String>,
+}
+
+/// Serializes durations as humantime strings ("100ms") in `/debug/config_dump`-style output.
+mod humantime_serde {
+    use std::time::Duration;
+
+    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+}
+
+/// A configuration that parses but cannot work.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ConfigError {
+    pub fn reason(&self) -> &'static str {
+        "invalid"
+    }
+}
+
+impl Config {
+    /// Checks every value and reports all problems at once.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        if !self.config_dir.is_dir() {
+            problems.push(format!(
+                "--config-dir / ISTIOD_CONFIG_DIR {} is not a directory",
+                self.config_dir.display()
+            ));
+        }
+        if !self.tokens_file.is_file() {
+            problems.push(format!(
+                "--tokens-file / ISTIOD_TOKENS_FILE {} does not exist",
+                self.tokens_file.display()
+            ));
+        }
+        if self.debounce_after.is_zero() || self.debounce_after > self.debounce_max {
+            problems.push(format!(
+                "PILOT_DEBOUNCE_AFTER ({:?}) must be > 0 and <= PILOT_DEBOUNCE_MAX ({:?})",
+                self.debounce_after, self.debounce_max
+            ));
+        }
+        if self.trust_domain.is_empty() || self.trust_domain.contains('/') {
+            problems.push(format!("TRUST_DOMAIN {:?} is not a valid trust domain", self.trust_domain));
+        }
+        if self.max_workload_cert_ttl < Duration::from_secs(60) {
+            problems.push("MAX_WORKLOAD_CERT_TTL must be at least 1m".to_string());
+        }
+        if self.cluster_id.is_empty() {
+            problems.push("CLUSTER_ID must not be empty".to_string());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(format!(
+                "invalid configuration:\n  - {}",
+                problems.join("\n  - ")
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_every_problem_at_once() {
+        let cfg = Config::try_parse_from([
+            "istiod",
+            "--config-dir=/nonexistent",
+            "--tokens-file=/nonexistent",
+            "--debounce-after=20s",
+            "--trust-domain=a/b",
+        ])
+        .expect("parses");
+        let err = cfg.validate().expect_err("invalid").to_string();
+        for needle in ["ISTIOD_CONFIG_DIR", "ISTIOD_TOKENS_FILE", "PILOT_DEBOUNCE_AFTER", "TRUST_DOMAIN"] {
+            assert!(err.contains(needle), "{needle} missing in {err}");
+        }
+    }
+
+    #[test]
+    fn defaults_match_istio() {
+        let cfg = Config::try_parse_from(["istiod", "--config-dir=.", "--tokens-file=x"])
+            .expect("parses");
+        assert_eq!(cfg.grpc_addr.port(), 15010);
+        assert_eq!(cfg.secure_grpc_addr.port(), 15012);
+        assert_eq!(cfg.monitoring_addr.port(), 15014);
+        assert_eq!(cfg.debounce_after, Duration::from_millis(100));
+        assert_eq!(cfg.debounce_max, Duration::from_secs(10));
+        assert_eq!(cfg.cluster_id, "Kubernetes");
+    }
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs every system dependency of the project on Debian 12 (run as root). Idempotent: it
+# only calls apt-get when a package is missing, so reruns are fast and need no network.
+set -euo pipefail
+
+APT_PACKAGES=(
+  build-essential pkg-config ca-certificates curl
+  iproute2 procps psmisc
+)
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: run as root (for example: sudo $0); it installs Debian packages." >&2
+  exit 1
+fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  if [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  else
+    echo "install-deps: no Rust toolchain found. Install rustup (https://rustup.rs) and run again." >&2
+    exit 1
+  fi
+fi
+for c in rustfmt clippy; do
+  rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+done
+say "dependencies present ($(cargo --version))"
