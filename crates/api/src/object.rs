@@ -115,7 +115,7 @@ impl fmt::Display for ObjectKey {
 /// One typed object.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {
-    Namespace(Namespace),
+    Namespace(Box<Namespace>),
     Pod(Box<Pod>),
     Service(Box<Service>),
     ServiceEntry(Box<ServiceEntry>),

@@ -22,4 +22,9 @@ pub trait XdsSnapshot: Send + Sync + 'static {
     fn changes_since(&self, version: u64) -> Option<ChangeSet>;
     /// Resolves an alias (e.g. `network/IP`) to resource names, for on-demand subscriptions.
     fn resolve_alias(&self, type_url: &str, alias: &str) -> Vec<String>;
+    /// When this snapshot was built, if known; servers measure push convergence time
+    /// (`pilot_proxy_convergence_time`) from it. The default says "unknown".
+    fn created_at(&self) -> Option<std::time::Instant> {
+        None
+    }
 }

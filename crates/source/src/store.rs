@@ -1,0 +1,233 @@
+//! What each file defines, which file wins for each key, and the events a batch of file
+//! changes produces.
+//!
+//! Pure and synchronous: the directory watcher feeds it [`Change`]s and sends the events it
+//! returns. Every key has an ordered list of files defining it; the first one wins, and when it
+//! goes away the next one applies. Events are the difference of the winning objects before and
+//! after a whole batch, so a file renamed within one batch emits nothing.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use mesh_api::{Object, ObjectKey};
+
+use crate::error::{Problem, SourceError};
+use crate::parse::{Loaded, ParsedFile};
+use crate::SourceEvent;
+
+/// One file read again or gone.
+#[derive(Debug)]
+pub(crate) enum Change {
+    Loaded(PathBuf, ParsedFile),
+    Removed(PathBuf),
+}
+
+/// Objects by file and the owners of each key.
+#[derive(Debug, Default)]
+pub(crate) struct Store {
+    files: BTreeMap<PathBuf, BTreeMap<ObjectKey, Loaded>>,
+    /// Files defining each key, in the order they started to; the first one wins.
+    owners: HashMap<ObjectKey, Vec<PathBuf>>,
+}
+
+/// The new contents of one file (`None`: the file is gone).
+type Update = (PathBuf, Option<BTreeMap<ObjectKey, Loaded>>);
+
+impl Store {
+    /// Applies a batch and returns its events: `Invalid` first, then `Applied` / `Deleted` for
+    /// every key whose winning object changed.
+    pub(crate) fn apply(&mut self, changes: Vec<Change>) -> Vec<SourceEvent> {
+        let mut errors = Vec::new();
+        let mut updates: Vec<Update> = Vec::new();
+        for change in changes {
+            match change {
+                Change::Removed(path) if self.files.contains_key(&path) => {
+                    updates.push((path, None));
+                }
+                Change::Removed(_) => {}
+                Change::Loaded(path, parsed) => {
+                    if let Some(objects) = self.file_objects(&path, parsed, &mut errors) {
+                        updates.push((path, Some(objects)));
+                    }
+                }
+            }
+        }
+        let affected = self.affected(&updates);
+        let before: Vec<Option<Object>> = affected
+            .iter()
+            .map(|key| self.winner(key).cloned())
+            .collect();
+        for (path, objects) in &updates {
+            self.replace(path, objects.clone());
+        }
+        self.report_duplicates(&updates, &mut errors);
+        let mut events: Vec<SourceEvent> = errors.into_iter().map(SourceEvent::Invalid).collect();
+        for (key, before) in affected.into_iter().zip(before) {
+            match (before, self.winner(&key)) {
+                (Some(_), None) => events.push(SourceEvent::Deleted(key)),
+                (before, Some(after)) if before.as_ref() != Some(after) => {
+                    events.push(SourceEvent::Applied(after.clone()));
+                }
+                _ => {}
+            }
+        }
+        events
+    }
+
+    /// The objects a parsed file now defines, or `None` if the file is unreadable (its earlier
+    /// objects stay). Invalid documents whose key is known keep their earlier version.
+    fn file_objects(
+        &self,
+        path: &Path,
+        parsed: ParsedFile,
+        errors: &mut Vec<SourceError>,
+    ) -> Option<BTreeMap<ObjectKey, Loaded>> {
+        let ParsedFile {
+            objects,
+            kept,
+            errors: parse_errors,
+            fatal,
+        } = parsed;
+        errors.extend(parse_errors);
+        if fatal {
+            return None;
+        }
+        let old = self.files.get(path);
+        let mut new: BTreeMap<ObjectKey, Loaded> = BTreeMap::new();
+        for loaded in objects {
+            let key = loaded.object.key();
+            if let Some(first) = new.get(&key) {
+                errors.push(duplicate(path, &loaded, key, path, first.line));
+                continue;
+            }
+            new.insert(key, loaded);
+        }
+        for key in kept {
+            if let Some(previous) = old.and_then(|o| o.get(&key)) {
+                new.entry(key).or_insert_with(|| previous.clone());
+            }
+        }
+        Some(new)
+    }
+
+    /// Keys defined before or after by the updated files, each once, in file order.
+    fn affected(&self, updates: &[Update]) -> Vec<ObjectKey> {
+        let mut seen = HashSet::new();
+        let mut keys = Vec::new();
+        for (path, objects) in updates {
+            let new_keys = objects.iter().flat_map(|o| o.keys());
+            let old_keys = self.files.get(path).into_iter().flat_map(|o| o.keys());
+            for key in new_keys.chain(old_keys) {
+                if seen.insert(key.clone()) {
+                    keys.push(key.clone());
+                }
+            }
+        }
+        keys
+    }
+
+    /// Replaces what `path` defines and updates the owner lists.
+    fn replace(&mut self, path: &Path, objects: Option<BTreeMap<ObjectKey, Loaded>>) {
+        let old = self.files.remove(path).unwrap_or_default();
+        let empty = BTreeMap::new();
+        let new = objects.as_ref().unwrap_or(&empty);
+        for key in old.keys().filter(|k| !new.contains_key(*k)) {
+            if let Some(files) = self.owners.get_mut(key) {
+                files.retain(|f| f != path);
+                if files.is_empty() {
+                    self.owners.remove(key);
+                }
+            }
+        }
+        for key in new.keys().filter(|k| !old.contains_key(*k)) {
+            self.owners
+                .entry(key.clone())
+                .or_default()
+                .push(path.to_path_buf());
+        }
+        if let Some(objects) = objects {
+            self.files.insert(path.to_path_buf(), objects);
+        }
+    }
+
+    /// Reports every object of an updated file that another file defines first.
+    fn report_duplicates(&self, updates: &[Update], errors: &mut Vec<SourceError>) {
+        for (path, objects) in updates {
+            for (key, loaded) in objects.iter().flatten() {
+                let Some(first) = self.owners.get(key).and_then(|f| f.first()) else {
+                    continue;
+                };
+                if first != path {
+                    let line = self
+                        .files
+                        .get(first)
+                        .and_then(|o| o.get(key))
+                        .map(|l| l.line);
+                    errors.push(duplicate(
+                        path,
+                        loaded,
+                        key.clone(),
+                        first,
+                        line.unwrap_or(0),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The winning object for `key`.
+    fn winner(&self, key: &ObjectKey) -> Option<&Object> {
+        let file = self.owners.get(key)?.first()?;
+        self.files.get(file)?.get(key).map(|l| &l.object)
+    }
+
+    /// Files the store holds objects from under `prefix` (a file or directory).
+    pub(crate) fn tracked_under(&self, prefix: &Path) -> Vec<PathBuf> {
+        self.files
+            .keys()
+            .filter(|f| f.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+
+    /// The winning objects with their files, by file and then line.
+    pub(crate) fn objects(&self) -> Vec<(PathBuf, Object)> {
+        let mut out = Vec::new();
+        for (path, objects) in &self.files {
+            let mut winners: Vec<&Loaded> = objects
+                .iter()
+                .filter(|(key, _)| self.owners.get(*key).and_then(|f| f.first()) == Some(path))
+                .map(|(_, loaded)| loaded)
+                .collect();
+            winners.sort_by_key(|l| l.line);
+            out.extend(
+                winners
+                    .into_iter()
+                    .map(|l| (path.clone(), l.object.clone())),
+            );
+        }
+        out
+    }
+}
+
+fn duplicate(
+    path: &Path,
+    loaded: &Loaded,
+    key: ObjectKey,
+    first: &Path,
+    first_line: usize,
+) -> SourceError {
+    let mut err = SourceError::file(
+        path,
+        Problem::Duplicate {
+            first: first.to_path_buf(),
+            line: (first_line > 0).then_some(first_line),
+        },
+    );
+    err.line = Some(loaded.line);
+    err.key = Some(key);
+    err
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,467 @@
+//! The server half of one delta ADS stream: per type URL, what the client subscribed to, which
+//! resource versions it has, and which nonces were sent, acknowledged or rejected.
+//!
+//! Protocol rules (as istiod's `pilot/pkg/xds/delta.go` applies them):
+//! - the first request of a type opens it: wildcard if it names no resources or names `*`;
+//!   `initial_resource_versions` seed what the client has (reconnect); it is always answered;
+//! - a request with `error_detail` is a NACK: kept (with history) until the next ACK, no answer;
+//! - a request whose `response_nonce` is not the last nonce sent is stale and ignored;
+//! - otherwise subscription changes are applied (`*` toggles wildcard), a non-empty nonce is an
+//!   ACK, and a changed subscription is answered.
+//!
+//! Responses carry the subscribed resources whose version differs from what the client has, and
+//! in `removed_resources` the names the client has that are gone or no longer subscribed, plus
+//! requested names that resolve to nothing (so an on-demand client stops waiting).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use mesh_proto::discovery::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as WireResource,
+};
+
+use crate::{ChangeSet, Resource, ResourceMap, XdsSnapshot};
+
+/// The resource name that toggles a wildcard subscription.
+pub const WILDCARD: &str = "*";
+
+/// How many NACKs per type are kept for debugging.
+const NACK_HISTORY: usize = 8;
+
+/// Nonces are unique within the process: a per-process counter, prefixed by the snapshot version.
+static NONCE_COUNTER: AtomicU64 = AtomicU64::new(1);
+
+static NO_CHANGES: BTreeSet<String> = BTreeSet::new();
+
+/// A request this stream cannot interpret.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(
+        "delta request without type_url: every DeltaDiscoveryRequest must name its resource type \
+         (e.g. {}); is the client speaking ADS?",
+        mesh_proto::type_url::ADDRESS
+    )]
+    MissingTypeUrl,
+}
+
+impl StreamError {
+    /// A short, stable label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            StreamError::MissingTypeUrl => "missing_type_url",
+        }
+    }
+}
+
+/// What a request meant for the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestKind {
+    /// First request of this type on the stream.
+    Initial,
+    /// First request of this type, carrying `initial_resource_versions` (`known` entries).
+    Reconnect { known: usize },
+    /// ACK of the last response (possibly with subscription changes).
+    Ack,
+    /// NACK: the client rejected a response.
+    Nack { code: i32, message: String },
+    /// A `response_nonce` that is not the last one sent: ignored.
+    StaleNonce { nonce: String },
+    /// A spontaneous request (no nonce): subscription changes only.
+    Subscription,
+}
+
+/// The classification of a request and whether it must be answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestOutcome {
+    pub kind: RequestKind,
+    /// True if the caller should now call [`DeltaStream::respond`] for the request's type.
+    pub respond: bool,
+}
+
+/// One rejected response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NackRecord {
+    pub nonce: String,
+    pub code: i32,
+    pub message: String,
+    pub at: SystemTime,
+}
+
+/// A debug view of one type on a stream (for `/debug/syncz`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TypeStatus {
+    pub type_url: String,
+    pub wildcard: bool,
+    /// Explicitly subscribed names (including aliases as the client wrote them).
+    pub names: Vec<String>,
+    /// How many resources the client has, as far as the server knows.
+    pub resources_known: usize,
+    pub resources_sent: u64,
+    pub responses_sent: u64,
+    pub nonce_sent: Option<String>,
+    pub nonce_acked: Option<String>,
+    /// Snapshot version of the last response sent / acknowledged.
+    pub version_sent: Option<u64>,
+    pub version_acked: Option<u64>,
+    /// The NACK in force (cleared by the next ACK).
+    pub nack: Option<NackRecord>,
+    /// Recent NACKs, oldest first, kept after ACKs.
+    pub nack_history: Vec<NackRecord>,
+}
+
+/// Per-type state on one stream.
+#[derive(Debug, Default)]
+struct TypeState {
+    wildcard: bool,
+    names: BTreeSet<String>,
+    /// What the client has: name -> version.
+    known: BTreeMap<String, String>,
+    /// Names (re)subscribed since the last response: sent even if the client has them, and
+    /// reported removed if they resolve to nothing.
+    requested: BTreeSet<String>,
+    respond_pending: bool,
+    nonce_sent: Option<String>,
+    version_sent: Option<u64>,
+    nonce_acked: Option<String>,
+    version_acked: Option<u64>,
+    nack: Option<NackRecord>,
+    nack_history: VecDeque<NackRecord>,
+    resources_sent: u64,
+    responses_sent: u64,
+}
+
+/// What one response carries before it is stamped with a nonce.
+#[derive(Debug, Default)]
+struct Delta {
+    resources: Vec<Arc<Resource>>,
+    removed: BTreeSet<String>,
+}
+
+/// The server half of one delta ADS stream. See the module docs for the rules.
+#[derive(Debug, Default)]
+pub struct DeltaStream {
+    types: BTreeMap<String, TypeState>,
+}
+
+impl DeltaStream {
+    pub fn new() -> DeltaStream {
+        DeltaStream::default()
+    }
+
+    /// Records one request. The caller decides beforehand whether the type is served at all
+    /// (requests for unserved types should not reach the stream).
+    pub fn handle_request(
+        &mut self,
+        req: &DeltaDiscoveryRequest,
+    ) -> Result<RequestOutcome, StreamError> {
+        if req.type_url.is_empty() {
+            return Err(StreamError::MissingTypeUrl);
+        }
+        match self.types.get_mut(&req.type_url) {
+            Some(state) => Ok(state.follow_up(req)),
+            None => {
+                let kind = if req.initial_resource_versions.is_empty() {
+                    RequestKind::Initial
+                } else {
+                    RequestKind::Reconnect {
+                        known: req.initial_resource_versions.len(),
+                    }
+                };
+                self.types
+                    .insert(req.type_url.clone(), TypeState::open(req));
+                Ok(RequestOutcome {
+                    kind,
+                    respond: true,
+                })
+            }
+        }
+    }
+
+    /// Computes the response for one type against `snapshot`.
+    ///
+    /// `changed` narrows a wildcard comparison to the names that changed since the last push
+    /// (`None`: compare everything). A pending request is always answered, even with an empty
+    /// response; otherwise `None` means there is nothing to send. A returned response is
+    /// recorded as sent: the caller must send it (or drop the stream).
+    pub fn respond<S: XdsSnapshot + ?Sized>(
+        &mut self,
+        type_url: &str,
+        snapshot: &S,
+        changed: Option<&BTreeSet<String>>,
+    ) -> Option<DeltaDiscoveryResponse> {
+        let state = self.types.get_mut(type_url)?;
+        let delta = state.compute(type_url, snapshot, changed)?;
+        Some(state.record_sent(type_url, snapshot.version(), delta))
+    }
+
+    /// Computes the responses for every open type after a snapshot change. `changes` is
+    /// [`XdsSnapshot::changes_since`] of the last pushed version (`None`: compare everything).
+    pub fn push<S: XdsSnapshot + ?Sized>(
+        &mut self,
+        snapshot: &S,
+        changes: Option<&ChangeSet>,
+    ) -> Vec<DeltaDiscoveryResponse> {
+        let type_urls: Vec<String> = self.types.keys().cloned().collect();
+        type_urls
+            .iter()
+            .filter_map(|type_url| {
+                let changed = changes.map(|c| c.get(type_url).unwrap_or(&NO_CHANGES));
+                self.respond(type_url, snapshot, changed)
+            })
+            .collect()
+    }
+
+    /// The type URLs opened on this stream.
+    pub fn type_urls(&self) -> impl Iterator<Item = &str> {
+        self.types.keys().map(String::as_str)
+    }
+
+    /// What the client has of one type, as far as the server knows (name -> version).
+    pub fn known(&self, type_url: &str) -> Option<&BTreeMap<String, String>> {
+        self.types.get(type_url).map(|t| &t.known)
+    }
+
+    /// A debug view of every open type.
+    pub fn status(&self) -> Vec<TypeStatus> {
+        self.types
+            .iter()
+            .map(|(type_url, t)| TypeStatus {
+                type_url: type_url.clone(),
+                wildcard: t.wildcard,
+                names: t.names.iter().cloned().collect(),
+                resources_known: t.known.len(),
+                resources_sent: t.resources_sent,
+                responses_sent: t.responses_sent,
+                nonce_sent: t.nonce_sent.clone(),
+                nonce_acked: t.nonce_acked.clone(),
+                version_sent: t.version_sent,
+                version_acked: t.version_acked,
+                nack: t.nack.clone(),
+                nack_history: t.nack_history.iter().cloned().collect(),
+            })
+            .collect()
+    }
+}
+
+impl TypeState {
+    /// State for the first request of a type.
+    fn open(req: &DeltaDiscoveryRequest) -> TypeState {
+        let mut state = TypeState {
+            wildcard: req.resource_names_subscribe.is_empty(),
+            known: req
+                .initial_resource_versions
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            respond_pending: true,
+            ..TypeState::default()
+        };
+        state.apply_subscription(req);
+        // Names the client already holds need not be forced out again; if they are gone they
+        // are reported removed through `known`.
+        let known = &state.known;
+        state.requested.retain(|n| !known.contains_key(n));
+        state
+    }
+
+    fn follow_up(&mut self, req: &DeltaDiscoveryRequest) -> RequestOutcome {
+        if let Some(status) = &req.error_detail {
+            self.record_nack(&req.response_nonce, status.code, &status.message);
+            return RequestOutcome {
+                kind: RequestKind::Nack {
+                    code: status.code,
+                    message: status.message.clone(),
+                },
+                respond: false,
+            };
+        }
+        let nonce = &req.response_nonce;
+        if !nonce.is_empty() && self.nonce_sent.as_ref() != Some(nonce) {
+            return RequestOutcome {
+                kind: RequestKind::StaleNonce {
+                    nonce: nonce.clone(),
+                },
+                respond: false,
+            };
+        }
+        let changed = self.apply_subscription(req);
+        let kind = if nonce.is_empty() {
+            RequestKind::Subscription
+        } else {
+            self.nonce_acked = Some(nonce.clone());
+            self.version_acked = self.version_sent;
+            self.nack = None;
+            RequestKind::Ack
+        };
+        self.respond_pending |= changed;
+        RequestOutcome {
+            kind,
+            respond: changed,
+        }
+    }
+
+    /// Applies `resource_names_subscribe` then `_unsubscribe`; true if anything was asked for.
+    /// Re-subscribing a name counts: the client wants it (again), as the xDS spec allows.
+    fn apply_subscription(&mut self, req: &DeltaDiscoveryRequest) -> bool {
+        let mut changed = false;
+        for name in &req.resource_names_subscribe {
+            changed = true;
+            if name == WILDCARD {
+                self.wildcard = true;
+            } else {
+                self.names.insert(name.clone());
+                self.requested.insert(name.clone());
+            }
+        }
+        for name in &req.resource_names_unsubscribe {
+            if name == WILDCARD {
+                changed |= std::mem::replace(&mut self.wildcard, false);
+            } else if self.names.remove(name) {
+                self.requested.remove(name);
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    fn record_nack(&mut self, nonce: &str, code: i32, message: &str) {
+        let record = NackRecord {
+            nonce: nonce.to_string(),
+            code,
+            message: message.to_string(),
+            at: SystemTime::now(),
+        };
+        if self.nack_history.len() == NACK_HISTORY {
+            self.nack_history.pop_front();
+        }
+        self.nack_history.push_back(record.clone());
+        self.nack = Some(record);
+    }
+
+    /// The resources and removals to send; `None` if there is nothing to say.
+    fn compute<S: XdsSnapshot + ?Sized>(
+        &mut self,
+        type_url: &str,
+        snapshot: &S,
+        changed: Option<&BTreeSet<String>>,
+    ) -> Option<Delta> {
+        let force = self.respond_pending;
+        if !force && self.requested.is_empty() && changed.is_some_and(BTreeSet::is_empty) {
+            return None;
+        }
+        let empty = ResourceMap::new();
+        let map = snapshot.resources(type_url).unwrap_or(&empty);
+        let resolve = |name: &str| resolve(snapshot, type_url, map, name);
+        let subscribed: BTreeSet<String> = if self.wildcard {
+            BTreeSet::new()
+        } else {
+            self.names.iter().flat_map(|n| resolve(n)).collect()
+        };
+        let forced: BTreeSet<String> = self.requested.iter().flat_map(|n| resolve(n)).collect();
+        let mut delta = Delta::default();
+        for name in self.candidates(map, changed, &subscribed, &forced) {
+            let wanted = self.wildcard || subscribed.contains(&name);
+            match map.get(&name).filter(|_| wanted) {
+                Some(res) => {
+                    if forced.contains(&name) || self.known.get(&name) != Some(&res.version) {
+                        self.known.insert(name, res.version.clone());
+                        delta.resources.push(Arc::clone(res));
+                    }
+                }
+                None => {
+                    if self.known.remove(&name).is_some() {
+                        delta.removed.insert(name);
+                    }
+                }
+            }
+        }
+        for name in std::mem::take(&mut self.requested) {
+            if resolve(&name).is_empty() {
+                delta.removed.insert(name);
+            }
+        }
+        self.respond_pending = false;
+        let empty_delta = delta.resources.is_empty() && delta.removed.is_empty();
+        (force || !empty_delta).then_some(delta)
+    }
+
+    /// The names to compare: for wildcard, the changed names (or everything); for explicit
+    /// subscriptions, what is subscribed plus what the client has (bounded by the subscription).
+    fn candidates(
+        &self,
+        map: &ResourceMap,
+        changed: Option<&BTreeSet<String>>,
+        subscribed: &BTreeSet<String>,
+        forced: &BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = forced.clone();
+        match (self.wildcard, changed) {
+            (true, Some(changed)) => out.extend(changed.iter().cloned()),
+            (true, None) => {
+                out.extend(map.keys().cloned());
+                out.extend(self.known.keys().cloned());
+            }
+            (false, _) => {
+                out.extend(subscribed.iter().cloned());
+                out.extend(self.known.keys().cloned());
+            }
+        }
+        out
+    }
+
+    fn record_sent(
+        &mut self,
+        type_url: &str,
+        version: u64,
+        delta: Delta,
+    ) -> DeltaDiscoveryResponse {
+        let counter = NONCE_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let nonce = format!("{version}-{counter:x}");
+        self.nonce_sent = Some(nonce.clone());
+        self.version_sent = Some(version);
+        self.responses_sent += 1;
+        self.resources_sent += delta.resources.len() as u64;
+        DeltaDiscoveryResponse {
+            system_version_info: version.to_string(),
+            resources: delta.resources.iter().map(|r| to_wire(r)).collect(),
+            type_url: type_url.to_string(),
+            removed_resources: delta.removed.into_iter().collect(),
+            nonce,
+            ..DeltaDiscoveryResponse::default()
+        }
+    }
+}
+
+/// A name as the client wrote it -> resource names: itself if it exists, else its alias targets.
+fn resolve<S: XdsSnapshot + ?Sized>(
+    snapshot: &S,
+    type_url: &str,
+    map: &ResourceMap,
+    name: &str,
+) -> Vec<String> {
+    if map.contains_key(name) {
+        return vec![name.to_string()];
+    }
+    let mut names = snapshot.resolve_alias(type_url, name);
+    names.retain(|n| map.contains_key(n));
+    names
+}
+
+/// The wire form of a resource.
+pub(crate) fn to_wire(resource: &Resource) -> WireResource {
+    WireResource {
+        name: resource.name.clone(),
+        aliases: resource.aliases.clone(),
+        version: resource.version.clone(),
+        resource: Some(mesh_proto::envoy::pb::google::protobuf::Any {
+            type_url: resource.body.type_url.clone(),
+            value: resource.body.value.clone(),
+        }),
+        ..WireResource::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;
