@@ -1,0 +1,41 @@
+//! istioctl: the command line Istio users expect, for this mesh.
+
+use clap::{Parser, Subcommand};
+
+mod connect;
+mod render;
+mod xds_dump;
+
+#[derive(Debug, Parser)]
+#[command(name = "istioctl", version, about = "Inspect and operate the ambient mesh")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Experimental commands.
+    #[command(name = "x", alias = "experimental")]
+    Experimental {
+        #[command(subcommand)]
+        command: Experimental,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum Experimental {
+    /// Subscribe to istiod's workload discovery (delta xDS) as a ztunnel and print it.
+    XdsDump(xds_dump::XdsDumpArgs),
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Experimental { command } => match command {
+            Experimental::XdsDump(args) => xds_dump::run(args).await,
+        },
+    }
+}
