@@ -12,7 +12,10 @@ fn main() -> anyhow::Result<()> {
         println!("cargo:rerun-if-changed={f}");
     }
     let fds = protox::compile(files, ["istio"])?;
+    // BTreeMap for proto maps: deterministic encoding, so content-hash versions are stable
+    // across processes (a reconnecting client is not resent unchanged resources).
     tonic_prost_build::configure()
+        .btree_map(".")
         .build_client(true)
         .build_server(true)
         .compile_fds(fds)?;

@@ -1,0 +1,178 @@
+//! Which source objects a change touches, so that a rebuild is proportional to the change.
+
+use std::collections::BTreeMap;
+
+use mesh_api::{selector_matches, Kind, Object, ObjectKey};
+
+use super::Model;
+use crate::model::authz::workload_selector;
+use crate::model::peer_auth::pa_selector;
+use crate::model::service::{service_entry_selector, service_selector};
+use crate::model::state::meta_labels;
+
+type Labels = BTreeMap<String, String>;
+
+/// Adds to `out` the objects to recompute because `key` changed from `old` to its current state.
+pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &mut Vec<ObjectKey>) {
+    let new = m.state.get(key);
+    let ns = key.namespace.as_str();
+    match key.kind {
+        Kind::Pod | Kind::WorkloadEntry => {}
+        Kind::Namespace => {
+            if labels_of(old) != labels_of(new) {
+                for kind in [
+                    Kind::Pod,
+                    Kind::WorkloadEntry,
+                    Kind::Service,
+                    Kind::ServiceEntry,
+                ] {
+                    out.extend(m.state.keys_in(kind, &key.name));
+                }
+            }
+        }
+        Kind::Service | Kind::ServiceEntry => {
+            if service_deps(old) != service_deps(new) {
+                let sels = [selector(old), selector(new)];
+                workloads_matching(m, &[ns.to_string()], &sels, out);
+            }
+        }
+        Kind::AuthorizationPolicy => {
+            if selector(old) != selector(new) {
+                let sels = [selector(old), selector(new)];
+                workloads_matching(m, &policy_namespaces(m, ns), &sels, out);
+            }
+        }
+        Kind::PeerAuthentication => peer_auth_affected(m, key, old, new, out),
+    }
+}
+
+/// A PeerAuthentication changes the static policy's presence, the workloads it selects (all of
+/// its namespace, or of the mesh, without a selector) and, for namespace / mesh policies, the
+/// converted workload policies that merge it.
+fn peer_auth_affected(
+    m: &Model,
+    key: &ObjectKey,
+    old: Option<&Object>,
+    new: Option<&Object>,
+    out: &mut Vec<ObjectKey>,
+) {
+    out.push(m.static_strict_key());
+    if pa_spec(old) == pa_spec(new) {
+        return;
+    }
+    let all = Labels::new();
+    let sels = [selector(old), selector(new)];
+    let namespaced = sels.iter().all(Option::is_none);
+    let sels = if namespaced { [Some(&all), None] } else { sels };
+    let namespaces = if namespaced {
+        policy_namespaces(m, &key.namespace)
+    } else {
+        vec![key.namespace.clone()]
+    };
+    workloads_matching(m, &namespaces, &sels, out);
+    if namespaced {
+        for ns in &namespaces {
+            out.extend(m.state.keys_in(Kind::PeerAuthentication, ns));
+        }
+    }
+}
+
+/// The namespaces whose workloads a policy in `ns` can select (all, for the root namespace).
+fn policy_namespaces(m: &Model, ns: &str) -> Vec<String> {
+    if ns != m.cfg.root_namespace {
+        return vec![ns.to_string()];
+    }
+    let mut all = m.state.namespaces_with(Kind::Pod);
+    all.extend(m.state.namespaces_with(Kind::WorkloadEntry));
+    all.extend(m.state.namespaces_with(Kind::ServiceEntry));
+    all.sort();
+    all.dedup();
+    all
+}
+
+/// Pods, WorkloadEntries and ServiceEntries (inline endpoints) in `namespaces` whose labels
+/// one of `selectors` selects.
+fn workloads_matching(
+    m: &Model,
+    namespaces: &[String],
+    selectors: &[Option<&Labels>],
+    out: &mut Vec<ObjectKey>,
+) {
+    let sels: Vec<&Labels> = selectors.iter().flatten().copied().collect();
+    if sels.is_empty() {
+        return;
+    }
+    for ns in namespaces {
+        for kind in [Kind::Pod, Kind::WorkloadEntry] {
+            for obj in m.state.objects_in(kind, ns) {
+                let labels = workload_labels(obj);
+                if sels.iter().any(|s| selector_matches(s, Some(labels))) {
+                    out.push(obj.key());
+                }
+            }
+        }
+        // Inline endpoints carry their own labels; recompute the entry when any could match.
+        for obj in m.state.objects_in(Kind::ServiceEntry, ns) {
+            if let Object::ServiceEntry(se) = obj {
+                let hit = se
+                    .spec
+                    .endpoints
+                    .iter()
+                    .any(|e| sels.iter().any(|s| selector_matches(s, Some(&e.labels))));
+                if hit {
+                    out.push(obj.key());
+                }
+            }
+        }
+    }
+}
+
+fn workload_labels(obj: &Object) -> &Labels {
+    match obj {
+        Object::WorkloadEntry(we) => &we.spec.labels,
+        other => meta_labels(other.metadata()),
+    }
+}
+
+fn labels_of(o: Option<&Object>) -> Option<&Labels> {
+    o.and_then(|o| o.metadata().labels.as_ref())
+}
+
+/// The selector by which an object picks workloads.
+fn selector(o: Option<&Object>) -> Option<&Labels> {
+    match o? {
+        Object::Service(s) => service_selector(s),
+        Object::ServiceEntry(se) => service_entry_selector(se),
+        Object::AuthorizationPolicy(p) => workload_selector(p),
+        Object::PeerAuthentication(p) => pa_selector(p),
+        _ => None,
+    }
+}
+
+/// The parts of a Service / ServiceEntry that its selected workloads copy.
+fn service_deps(o: Option<&Object>) -> Option<serde_json::Value> {
+    match o? {
+        Object::Service(s) => {
+            let spec = s.spec.as_ref();
+            Some(serde_json::json!([
+                spec.and_then(|s| s.selector.clone()),
+                spec.and_then(|s| s.ports.clone()),
+            ]))
+        }
+        Object::ServiceEntry(se) => Some(serde_json::json!([
+            se.spec.workload_selector,
+            se.spec.ports,
+            se.spec.hosts,
+        ])),
+        _ => None,
+    }
+}
+
+fn pa_spec(o: Option<&Object>) -> Option<serde_json::Value> {
+    match o? {
+        Object::PeerAuthentication(p) => {
+            Some(serde_json::json!([p.spec, p.metadata.creation_timestamp,]))
+        }
+        _ => None,
+    }
+}
