@@ -29,7 +29,11 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
     line(header.iter().map(|s| s.to_string()).collect());
     println!(
         "|{}|",
-        widths.iter().map(|w| "-".repeat(w + 2)).collect::<Vec<_>>().join("|")
+        widths
+            .iter()
+            .map(|w| "-".repeat(w + 2))
+            .collect::<Vec<_>>()
+            .join("|")
     );
     for row in rows {
         line(row.clone());

@@ -15,7 +15,11 @@ pub struct IstiodArgs {
     #[arg(long, env = "XDS_ADDRESS", default_value = "https://localhost:15012")]
     pub xds_address: String,
     /// Root certificate that signed istiod's serving certificate (istiod publishes it).
-    #[arg(long, env = "ROOT_CERT", default_value = "/var/lib/istiod/root-cert.pem")]
+    #[arg(
+        long,
+        env = "ROOT_CERT",
+        default_value = "/var/lib/istiod/root-cert.pem"
+    )]
     pub root_cert: PathBuf,
     /// TLS server name to verify on istiod's certificate.
     #[arg(long, default_value = "istiod.istio-system.svc")]
@@ -58,19 +62,16 @@ impl IstiodArgs {
                     .domain_name(self.server_name.clone()),
             )?;
         }
-        let channel = endpoint
-            .connect()
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to istiod at {}: {e}", self.xds_address))?;
+        let channel = endpoint.connect().await.map_err(|e| {
+            anyhow::anyhow!("cannot connect to istiod at {}: {e}", self.xds_address)
+        })?;
         let token = match &self.token_file {
             Some(p) => {
                 let t = std::fs::read_to_string(p)
                     .map_err(|e| anyhow::anyhow!("cannot read token file {}: {e}", p.display()))?;
-                Some(
-                    format!("Bearer {}", t.trim())
-                        .parse()
-                        .map_err(|_| anyhow::anyhow!("token in {} is not printable ASCII", p.display()))?,
-                )
+                Some(format!("Bearer {}", t.trim()).parse().map_err(|_| {
+                    anyhow::anyhow!("token in {} is not printable ASCII", p.display())
+                })?)
             }
             None => None,
         };

@@ -7,7 +7,11 @@ mod render;
 mod xds_dump;
 
 #[derive(Debug, Parser)]
-#[command(name = "istioctl", version, about = "Inspect and operate the ambient mesh")]
+#[command(
+    name = "istioctl",
+    version,
+    about = "Inspect and operate the ambient mesh"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -34,7 +34,8 @@ impl Dump {
             source,
         };
         if type_url == mesh_proto::type_url::AUTHORIZATION {
-            self.policies.push(security::Authorization::decode(value).map_err(err)?);
+            self.policies
+                .push(security::Authorization::decode(value).map_err(err)?);
         } else {
             match Address::decode(value).map_err(err)?.r#type {
                 Some(address::Type::Workload(w)) => self.workloads.push(w),
@@ -58,8 +59,12 @@ impl Dump {
 /// Formats an IP carried as 4 or 16 bytes.
 pub fn ip(bytes: &[u8]) -> String {
     match bytes.len() {
-        4 => <[u8; 4]>::try_from(bytes).map(|b| IpAddr::from(b).to_string()).unwrap_or_default(),
-        16 => <[u8; 16]>::try_from(bytes).map(|b| IpAddr::from(b).to_string()).unwrap_or_default(),
+        4 => <[u8; 4]>::try_from(bytes)
+            .map(|b| IpAddr::from(b).to_string())
+            .unwrap_or_default(),
+        16 => <[u8; 16]>::try_from(bytes)
+            .map(|b| IpAddr::from(b).to_string())
+            .unwrap_or_default(),
         0 => "None".to_string(),
         n => format!("<{n} bytes>"),
     }
@@ -98,9 +103,21 @@ pub fn workloads(dump: &Dump) -> String {
             let protocol = workload::TunnelProtocol::try_from(w.tunnel_protocol)
                 .map(|p| p.as_str_name().to_string())
                 .unwrap_or_else(|_| w.tunnel_protocol.to_string());
-            let addr = w.addresses.first().map(|a| ip(a)).unwrap_or_else(|| "None".into());
-            let td = if w.trust_domain.is_empty() { "cluster.local" } else { &w.trust_domain };
-            let sa = if w.service_account.is_empty() { "default" } else { &w.service_account };
+            let addr = w
+                .addresses
+                .first()
+                .map(|a| ip(a))
+                .unwrap_or_else(|| "None".into());
+            let td = if w.trust_domain.is_empty() {
+                "cluster.local"
+            } else {
+                &w.trust_domain
+            };
+            let sa = if w.service_account.is_empty() {
+                "default"
+            } else {
+                &w.service_account
+            };
             vec![
                 w.namespace.clone(),
                 w.name.clone(),
@@ -113,7 +130,15 @@ pub fn workloads(dump: &Dump) -> String {
         })
         .collect();
     table(
-        &["NAMESPACE", "POD NAME", "ADDRESS", "NODE", "WAYPOINT", "PROTOCOL", "IDENTITY"],
+        &[
+            "NAMESPACE",
+            "POD NAME",
+            "ADDRESS",
+            "NODE",
+            "WAYPOINT",
+            "PROTOCOL",
+            "IDENTITY",
+        ],
         rows,
     )
 }
@@ -142,13 +167,26 @@ pub fn services(dump: &Dump) -> String {
             vec![
                 s.namespace.clone(),
                 s.hostname.clone(),
-                if vips.is_empty() { "None".into() } else { vips.join(",") },
+                if vips.is_empty() {
+                    "None".into()
+                } else {
+                    vips.join(",")
+                },
                 waypoint_name(s.waypoint.as_ref()),
                 ports.join(","),
             ]
         })
         .collect();
-    table(&["NAMESPACE", "SERVICE NAME", "SERVICE VIP", "WAYPOINT", "PORTS"], rows)
+    table(
+        &[
+            "NAMESPACE",
+            "SERVICE NAME",
+            "SERVICE VIP",
+            "WAYPOINT",
+            "PORTS",
+        ],
+        rows,
+    )
 }
 
 fn string_match(m: &StringMatch) -> String {
@@ -181,7 +219,11 @@ fn summarize_match(m: &security::Match) -> Vec<String> {
         ("dst", ips(&m.destination_ips)),
         (
             "port",
-            m.destination_ports.iter().map(u32::to_string).collect::<Vec<_>>().join("|"),
+            m.destination_ports
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join("|"),
         ),
     ];
     for (k, v) in fields {
@@ -221,11 +263,18 @@ pub fn policies(dump: &Dump) -> String {
                         .join(" AND ")
                 })
                 .collect();
-            let rules = if rules.is_empty() { "(matches nothing)".to_string() } else { rules.join(" ; ") };
+            let rules = if rules.is_empty() {
+                "(matches nothing)".to_string()
+            } else {
+                rules.join(" ; ")
+            };
             vec![p.namespace.clone(), p.name.clone(), action, scope, rules]
         })
         .collect();
-    table(&["NAMESPACE", "POLICY NAME", "ACTION", "SCOPE", "RULES"], rows)
+    table(
+        &["NAMESPACE", "POLICY NAME", "ACTION", "SCOPE", "RULES"],
+        rows,
+    )
 }
 
 #[cfg(test)]
@@ -252,7 +301,9 @@ mod tests {
             service_account: "client".into(),
             ..Default::default()
         };
-        let a = Address { r#type: Some(address::Type::Workload(w)) };
+        let a = Address {
+            r#type: Some(address::Type::Workload(w)),
+        };
         d.add("x", mesh_proto::type_url::ADDRESS, &a.encode_to_vec())
             .expect("decodes");
         let t = workloads(&d);

@@ -31,7 +31,9 @@ pub struct XdsDumpArgs {
 
 fn humantime_parse(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 5s"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 5s"))?;
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" | "" => Ok(Duration::from_secs(n)),
@@ -42,10 +44,14 @@ fn humantime_parse(s: &str) -> Result<Duration, String> {
 
 pub async fn run(args: XdsDumpArgs) -> anyhow::Result<()> {
     let channel = args.istiod.connect().await?;
-    let mut ads = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let mut ads =
+        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(64 << 20);
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let node = Node {
-        id: format!("ztunnel~127.0.0.1~ztunnel-{0}.istio-system~istio-system.svc.cluster.local", args.node),
+        id: format!(
+            "ztunnel~127.0.0.1~ztunnel-{0}.istio-system~istio-system.svc.cluster.local",
+            args.node
+        ),
         ..Default::default()
     };
     for t in [type_url::ADDRESS, type_url::AUTHORIZATION] {
@@ -65,7 +71,9 @@ pub async fn run(args: XdsDumpArgs) -> anyhow::Result<()> {
     let deadline = args.watch.map(|d| tokio::time::Instant::now() + d);
     loop {
         let next = match (initial_types < 2, deadline) {
-            (true, _) => tokio::time::timeout(Duration::from_secs(10), stream.next()).await.ok(),
+            (true, _) => tokio::time::timeout(Duration::from_secs(10), stream.next())
+                .await
+                .ok(),
             (false, Some(d)) => tokio::time::timeout_at(d, stream.next()).await.ok(),
             (false, None) => break,
         };
@@ -114,13 +122,25 @@ fn print_state(state: &BTreeMap<(String, String), Vec<u8>>, show: &str) -> anyho
     dump.sort();
     let all = show == "all";
     if all || show == "workloads" {
-        println!("\nWORKLOADS ({})\n{}", dump.workloads.len(), render::workloads(&dump));
+        println!(
+            "\nWORKLOADS ({})\n{}",
+            dump.workloads.len(),
+            render::workloads(&dump)
+        );
     }
     if all || show == "services" {
-        println!("SERVICES ({})\n{}", dump.services.len(), render::services(&dump));
+        println!(
+            "SERVICES ({})\n{}",
+            dump.services.len(),
+            render::services(&dump)
+        );
     }
     if all || show == "policies" {
-        println!("POLICIES ({})\n{}", dump.policies.len(), render::policies(&dump));
+        println!(
+            "POLICIES ({})\n{}",
+            dump.policies.len(),
+            render::policies(&dump)
+        );
     }
     Ok(())
 }

@@ -1,1 +1,302 @@
-//! ca (being written)
+//! `istio.v1.auth.IstioCertificateService`: issues workload certificates.
+//!
+//! Every request is authenticated ([`Authenticator`]). A node agent (ztunnel, a caller bound to
+//! a node) may ask for another identity through the `ImpersonatedIdentity` metadata, but only
+//! for identities that run on its own node ([`NodeLocator`]); everybody else gets their own
+//! identity. The CSR is then checked and signed by [`CertificateAuthority`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mesh_identity::{CaError, CertificateAuthority, Identity, IdentityError};
+use mesh_proto::ca::istio_certificate_service_server::{
+    IstioCertificateService, IstioCertificateServiceServer,
+};
+use mesh_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
+use tonic::{Code, Request, Response, Status};
+
+use crate::auth::{AuthError, Authenticator, Caller};
+
+/// Request metadata key through which node agents ask for a workload's identity.
+pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+/// Header carrying the caller's cluster id.
+pub const CLUSTER_ID_HEADER: &str = "clusterid";
+
+/// Answers whether a workload identity runs on a node (implemented from the model snapshot).
+pub trait NodeLocator: Send + Sync {
+    fn identity_on_node(&self, node: &str, namespace: &str, service_account: &str) -> bool;
+}
+
+/// Why a certificate request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CaServiceError {
+    #[error("authentication failed: {0}")]
+    Auth(#[from] AuthError),
+    #[error("the caller is in cluster {got:?} but this istiod serves cluster {want:?}; set CLUSTER_ID to {want:?} on the caller")]
+    ClusterMismatch { got: String, want: String },
+    #[error("metadata {IMPERSONATED_IDENTITY} must be a string spiffe:// id")]
+    ImpersonationNotString,
+    #[error("metadata {IMPERSONATED_IDENTITY} is not a valid identity: {0}")]
+    BadImpersonation(#[source] IdentityError),
+    #[error("caller {caller} is not a node agent (its token has no node) and may not impersonate {identity}")]
+    NotNodeAgent { caller: String, identity: String },
+    #[error("caller {caller} on node {node} may not impersonate {identity}: no such workload runs on node {node}")]
+    NotOnNode {
+        caller: String,
+        node: String,
+        identity: String,
+    },
+    #[error("caller {caller} on node {node} may not impersonate {identity}: trust domain {got} is not this mesh's {want}")]
+    ForeignTrustDomain {
+        caller: String,
+        node: String,
+        identity: String,
+        got: String,
+        want: String,
+    },
+    #[error("{0}")]
+    Ca(#[from] CaError),
+}
+
+impl CaServiceError {
+    /// Short label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CaServiceError::Auth(e) => e.reason(),
+            CaServiceError::ClusterMismatch { .. } => "cluster_mismatch",
+            CaServiceError::ImpersonationNotString => "impersonation_not_string",
+            CaServiceError::BadImpersonation(_) => "bad_impersonation",
+            CaServiceError::NotNodeAgent { .. } => "impersonation_not_node_agent",
+            CaServiceError::NotOnNode { .. } => "impersonation_not_on_node",
+            CaServiceError::ForeignTrustDomain { .. } => "impersonation_foreign_trust_domain",
+            CaServiceError::Ca(e) => e.reason(),
+        }
+    }
+
+    /// The gRPC status code for this refusal.
+    pub fn code(&self) -> Code {
+        match self {
+            CaServiceError::Auth(_) | CaServiceError::ClusterMismatch { .. } => {
+                Code::Unauthenticated
+            }
+            CaServiceError::ImpersonationNotString | CaServiceError::BadImpersonation(_) => {
+                Code::InvalidArgument
+            }
+            CaServiceError::NotNodeAgent { .. }
+            | CaServiceError::NotOnNode { .. }
+            | CaServiceError::ForeignTrustDomain { .. } => Code::PermissionDenied,
+            CaServiceError::Ca(e) if e.is_bad_request() => Code::InvalidArgument,
+            CaServiceError::Ca(e) if e.is_permission_denied() => Code::PermissionDenied,
+            CaServiceError::Ca(_) => Code::Internal,
+        }
+    }
+}
+
+impl From<CaServiceError> for Status {
+    fn from(e: CaServiceError) -> Self {
+        Status::new(e.code(), e.to_string())
+    }
+}
+
+/// The identity a certificate was issued for and its PEM chain.
+type Issued = (Identity, Vec<String>);
+
+/// Counters for the integrator to export as metrics.
+#[derive(Debug, Default)]
+pub struct CaStats {
+    issued: AtomicU64,
+    refused: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl CaStats {
+    /// Certificates issued so far.
+    pub fn issued(&self) -> u64 {
+        self.issued.load(Ordering::Relaxed)
+    }
+
+    /// Refusals so far, by reason label.
+    pub fn refused(&self) -> BTreeMap<&'static str, u64> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Total refusals.
+    pub fn refused_total(&self) -> u64 {
+        self.refused().values().sum()
+    }
+
+    fn record_refusal(&self, reason: &'static str) {
+        *self
+            .refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(reason)
+            .or_default() += 1;
+    }
+}
+
+/// The certificate service.
+#[derive(Clone)]
+pub struct CaService {
+    ca: Arc<CertificateAuthority>,
+    authenticator: Arc<dyn Authenticator>,
+    locator: Arc<dyn NodeLocator>,
+    cluster_id: String,
+    stats: Arc<CaStats>,
+}
+
+impl CaService {
+    pub fn new(
+        ca: Arc<CertificateAuthority>,
+        authenticator: Arc<dyn Authenticator>,
+        locator: Arc<dyn NodeLocator>,
+        cluster_id: impl Into<String>,
+    ) -> Self {
+        CaService {
+            ca,
+            authenticator,
+            locator,
+            cluster_id: cluster_id.into(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// Shared counters of issued and refused requests.
+    pub fn stats(&self) -> Arc<CaStats> {
+        self.stats.clone()
+    }
+
+    /// The tonic service to add to a server.
+    pub fn into_server(self) -> IstioCertificateServiceServer<CaService> {
+        IstioCertificateServiceServer::new(self)
+    }
+
+    /// Authenticates, authorises and signs; the caller (if known) is returned for logging.
+    fn issue(
+        &self,
+        request: &Request<IstioCertificateRequest>,
+    ) -> (Option<Caller>, Result<Issued, CaServiceError>) {
+        let caller = match self.authenticate(request) {
+            Ok(c) => c,
+            Err(e) => return (None, Err(e)),
+        };
+        let result = self.authorize_and_sign(&caller, request.get_ref());
+        (Some(caller), result)
+    }
+
+    fn authenticate(
+        &self,
+        request: &Request<IstioCertificateRequest>,
+    ) -> Result<Caller, CaServiceError> {
+        let md = request.metadata();
+        let caller = self.authenticator.authenticate(md)?;
+        if let Some(got) = md.get(CLUSTER_ID_HEADER) {
+            let got = got.to_str().unwrap_or("<non-ASCII>");
+            if got != self.cluster_id {
+                return Err(CaServiceError::ClusterMismatch {
+                    got: got.to_string(),
+                    want: self.cluster_id.clone(),
+                });
+            }
+        }
+        Ok(caller)
+    }
+
+    fn authorize_and_sign(
+        &self,
+        caller: &Caller,
+        req: &IstioCertificateRequest,
+    ) -> Result<Issued, CaServiceError> {
+        let identity = match impersonated(req)? {
+            Some(target) => self.check_impersonation(caller, target)?,
+            None => caller.identity.clone(),
+        };
+        let ttl = u64::try_from(req.validity_duration)
+            .ok()
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs);
+        let chain = self.ca.sign_csr(&req.csr, &identity, ttl)?;
+        Ok((identity, chain))
+    }
+
+    fn check_impersonation(
+        &self,
+        caller: &Caller,
+        target: Identity,
+    ) -> Result<Identity, CaServiceError> {
+        let Some(node) = caller.node.as_deref() else {
+            return Err(CaServiceError::NotNodeAgent {
+                caller: caller.identity.to_string(),
+                identity: target.to_string(),
+            });
+        };
+        if target.trust_domain() != self.ca.trust_domain() {
+            return Err(CaServiceError::ForeignTrustDomain {
+                caller: caller.identity.to_string(),
+                node: node.to_string(),
+                identity: target.to_string(),
+                got: target.trust_domain().to_string(),
+                want: self.ca.trust_domain().to_string(),
+            });
+        }
+        if !self
+            .locator
+            .identity_on_node(node, target.namespace(), target.service_account())
+        {
+            return Err(CaServiceError::NotOnNode {
+                caller: caller.identity.to_string(),
+                node: node.to_string(),
+                identity: target.to_string(),
+            });
+        }
+        Ok(target)
+    }
+}
+
+/// The `ImpersonatedIdentity` metadata, if present.
+fn impersonated(req: &IstioCertificateRequest) -> Result<Option<Identity>, CaServiceError> {
+    use prost_types::value::Kind;
+    let Some(value) = req
+        .metadata
+        .as_ref()
+        .and_then(|m| m.fields.get(IMPERSONATED_IDENTITY))
+    else {
+        return Ok(None);
+    };
+    match &value.kind {
+        Some(Kind::StringValue(s)) if s.is_empty() => Ok(None),
+        Some(Kind::StringValue(s)) => Identity::parse(s)
+            .map(Some)
+            .map_err(CaServiceError::BadImpersonation),
+        _ => Err(CaServiceError::ImpersonationNotString),
+    }
+}
+
+#[tonic::async_trait]
+impl IstioCertificateService for CaService {
+    async fn create_certificate(
+        &self,
+        request: Request<IstioCertificateRequest>,
+    ) -> Result<Response<IstioCertificateResponse>, Status> {
+        let (caller, result) = self.issue(&request);
+        let caller_id = caller.as_ref().map(|c| c.identity.to_string());
+        let node = caller.as_ref().and_then(|c| c.node.clone());
+        match result {
+            Ok((identity, cert_chain)) => {
+                self.stats.issued.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(caller = ?caller_id, ?node, %identity, "issued workload certificate");
+                Ok(Response::new(IstioCertificateResponse { cert_chain }))
+            }
+            Err(e) => {
+                self.stats.record_refusal(e.reason());
+                let remote = request.remote_addr().map(|a| a.to_string());
+                tracing::warn!(caller = ?caller_id, ?node, ?remote, reason = e.reason(), error = %e, "refused certificate request");
+                Err(e.into())
+            }
+        }
+    }
+}

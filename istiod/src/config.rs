@@ -82,8 +82,12 @@ pub struct Config {
     pub max_workload_cert_ttl: Duration,
 
     /// DNS names on istiod's serving certificate (15012).
-    #[arg(long, env = "ISTIOD_SERVING_DNS_NAMES", value_delimiter = ',',
-          default_value = "istiod.istio-system.svc,istiod.istio-system.svc.cluster.local,localhost")]
+    #[arg(
+        long,
+        env = "ISTIOD_SERVING_DNS_NAMES",
+        value_delimiter = ',',
+        default_value = "istiod.istio-system.svc,istiod.istio-system.svc.cluster.local,localhost"
+    )]
     pub serving_dns_names: Vec<String>,
 }
 
@@ -132,7 +136,10 @@ impl Config {
             ));
         }
         if self.trust_domain.is_empty() || self.trust_domain.contains('/') {
-            problems.push(format!("TRUST_DOMAIN {:?} is not a valid trust domain", self.trust_domain));
+            problems.push(format!(
+                "TRUST_DOMAIN {:?} is not a valid trust domain",
+                self.trust_domain
+            ));
         }
         if self.max_workload_cert_ttl < Duration::from_secs(60) {
             problems.push("MAX_WORKLOAD_CERT_TTL must be at least 1m".to_string());
@@ -166,7 +173,12 @@ mod tests {
         ])
         .expect("parses");
         let err = cfg.validate().expect_err("invalid").to_string();
-        for needle in ["ISTIOD_CONFIG_DIR", "ISTIOD_TOKENS_FILE", "PILOT_DEBOUNCE_AFTER", "TRUST_DOMAIN"] {
+        for needle in [
+            "ISTIOD_CONFIG_DIR",
+            "ISTIOD_TOKENS_FILE",
+            "PILOT_DEBOUNCE_AFTER",
+            "TRUST_DOMAIN",
+        ] {
             assert!(err.contains(needle), "{needle} missing in {err}");
         }
     }

@@ -31,7 +31,10 @@ impl std::fmt::Debug for DebugViews {
 pub fn router(views: DebugViews, readiness: Readiness) -> Router {
     Router::new()
         .route("/ready", get(readiness_handler(readiness)))
-        .route("/debug/syncz", get(|State(v): State<DebugViews>| async move { Json((v.syncz)()) }))
+        .route(
+            "/debug/syncz",
+            get(|State(v): State<DebugViews>| async move { Json((v.syncz)()) }),
+        )
         .route(
             "/debug/configz",
             get(|State(v): State<DebugViews>| async move { Json((v.configz)()) }),

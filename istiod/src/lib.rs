@@ -5,6 +5,10 @@
 
 pub mod auth;
 pub mod ca;
+pub mod config;
+pub mod debug;
+pub mod metrics;
 pub mod model;
 pub mod push;
+pub mod server;
 pub mod xds;

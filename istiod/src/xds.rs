@@ -193,6 +193,13 @@ impl<S: XdsSnapshot> AggregatedDiscoveryService for XdsServer<S> {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaResponseStream>, Status> {
+        // Like upstream istiod: no answers from an unsynced (empty) snapshot, or a reconnecting
+        // proxy would be told its resources are gone. Clients retry with backoff.
+        if self.snapshots.borrow().version() == 0 {
+            return Err(Status::unavailable(
+                "istiod is not ready to serve discovery information: configuration not synced yet; retry",
+            ));
+        }
         let (conn, responses) = self.start(request.remote_addr());
         tokio::spawn(conn.run(request.into_inner()));
         Ok(Response::new(responses))

@@ -53,7 +53,9 @@ fn workload_field_numbers_match_istio() {
         ..Default::default()
     };
     let fields: Vec<u32> = tags(&w.encode_to_vec()).into_iter().map(|t| t.0).collect();
-    for n in [20, 1, 2, 3, 21, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 16, 17, 18, 25, 27] {
+    for n in [
+        20, 1, 2, 3, 21, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14, 16, 17, 18, 25, 27,
+    ] {
         assert!(fields.contains(&n), "field {n} missing from {fields:?}");
     }
     let a = workload::Address {

@@ -120,7 +120,11 @@ async fn client(
         .max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::unbounded_channel();
     let node = Node {
-        id: format!("ztunnel~10.255.{}.{}~ztunnel-{id}.istio-system~istio-system.svc.cluster.local", id / 250, id % 250),
+        id: format!(
+            "ztunnel~10.255.{}.{}~ztunnel-{id}.istio-system~istio-system.svc.cluster.local",
+            id / 250,
+            id % 250
+        ),
         ..Default::default()
     };
     for t in [type_url::ADDRESS, type_url::AUTHORIZATION] {
@@ -167,7 +171,12 @@ async fn main() -> anyhow::Result<()> {
     std::fs::write(&tokens, "tokens: []\n")?;
     let t = Instant::now();
     let pod_ids = write_cluster(&dir, args.pods, args.services)?;
-    eprintln!("wrote {} pods / {} services in {:?}", pod_ids.len(), args.services, t.elapsed());
+    eprintln!(
+        "wrote {} pods / {} services in {:?}",
+        pod_ids.len(),
+        args.services,
+        t.elapsed()
+    );
 
     let mut istiod = start_istiod(&args, &dir, &state, &tokens)?;
     let result = run(&args, &dir, &pod_ids, istiod.id()).await;
@@ -197,7 +206,10 @@ async fn wait_ready(port: u16) -> anyhow::Result<Duration> {
 async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> anyhow::Result<()> {
     let ready_after = wait_ready(args.base_port + 80).await?;
     let rss_idle = rss_mib(pid)?;
-    eprintln!("istiod ready in {ready_after:?}, RSS {rss_idle:.1} MiB; connecting {} clients", args.clients);
+    eprintln!(
+        "istiod ready in {ready_after:?}, RSS {rss_idle:.1} MiB; connecting {} clients",
+        args.clients
+    );
 
     let barrier = Arc::new(Barrier::new(args.clients + 1));
     let (seen_tx, mut seen_rx) = mpsc::unbounded_channel();
@@ -231,7 +243,12 @@ async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> a
         while got < args.clients {
             let (n, at) = tokio::time::timeout_at(deadline.into(), seen_rx.recv())
                 .await
-                .with_context(|| format!("change {change}: only {got}/{} clients got {name}", args.clients))?
+                .with_context(|| {
+                    format!(
+                        "change {change}: only {got}/{} clients got {name}",
+                        args.clients
+                    )
+                })?
                 .context("clients gone")?;
             if n == name {
                 got += 1;
@@ -247,15 +264,39 @@ async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> a
     print_table(
         &["measure", "value"],
         &[
-            vec!["pods / services / clients".into(), format!("{} / {} / {}", pod_ids.len(), args.services, args.clients)],
-            vec!["istiod ready (initial load)".into(), format!("{:.0} ms", ready_after.as_secs_f64() * 1e3)],
-            vec!["all clients initial sync".into(), format!("{:.0} ms", initial_sync.as_secs_f64() * 1e3)],
-            vec!["one Pod change -> a client has it, p50".into(), format!("{:.1} ms", percentile(&mut per_client, 50.0))],
-            vec!["one Pod change -> a client has it, p99".into(), format!("{:.1} ms", percentile(&mut per_client, 99.0))],
-            vec!["one Pod change -> every client has it, p50".into(), format!("{:.1} ms", percentile(&mut all_clients, 50.0))],
-            vec!["one Pod change -> every client has it, p99".into(), format!("{:.1} ms", percentile(&mut all_clients, 99.0))],
+            vec![
+                "pods / services / clients".into(),
+                format!("{} / {} / {}", pod_ids.len(), args.services, args.clients),
+            ],
+            vec![
+                "istiod ready (initial load)".into(),
+                format!("{:.0} ms", ready_after.as_secs_f64() * 1e3),
+            ],
+            vec![
+                "all clients initial sync".into(),
+                format!("{:.0} ms", initial_sync.as_secs_f64() * 1e3),
+            ],
+            vec![
+                "one Pod change -> a client has it, p50".into(),
+                format!("{:.1} ms", percentile(&mut per_client, 50.0)),
+            ],
+            vec![
+                "one Pod change -> a client has it, p99".into(),
+                format!("{:.1} ms", percentile(&mut per_client, 99.0)),
+            ],
+            vec![
+                "one Pod change -> every client has it, p50".into(),
+                format!("{:.1} ms", percentile(&mut all_clients, 50.0)),
+            ],
+            vec![
+                "one Pod change -> every client has it, p99".into(),
+                format!("{:.1} ms", percentile(&mut all_clients, 99.0)),
+            ],
             vec!["(debounce quiet period included)".into(), "100 ms".into()],
-            vec!["istiod RSS idle / connected / after".into(), format!("{rss_idle:.0} / {rss_connected:.0} / {rss_after:.0} MiB")],
+            vec![
+                "istiod RSS idle / connected / after".into(),
+                format!("{rss_idle:.0} / {rss_connected:.0} / {rss_after:.0} MiB"),
+            ],
         ],
     );
     Ok(())

@@ -33,5 +33,7 @@ pub fn selector_matches(
     selector: &BTreeMap<String, String>,
     labels: Option<&BTreeMap<String, String>>,
 ) -> bool {
-    selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+    selector
+        .iter()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
 }

@@ -63,9 +63,17 @@ fn rejects_unknown_kinds_and_missing_names() {
     assert!(matches!(err, ApiError::UnsupportedKind { .. }), "{err}");
     let err = Object::from_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {}}))
         .expect_err("no name");
-    assert!(matches!(err, ApiError::MissingName { kind: Kind::Pod }), "{err}");
+    assert!(
+        matches!(err, ApiError::MissingName { kind: Kind::Pod }),
+        "{err}"
+    );
     let err = Object::from_value(json!({"kind": "Pod"})).expect_err("no apiVersion");
-    assert!(matches!(err, ApiError::MissingTypeField { field: "apiVersion" }));
+    assert!(matches!(
+        err,
+        ApiError::MissingTypeField {
+            field: "apiVersion"
+        }
+    ));
 }
 
 #[test]
@@ -84,9 +92,12 @@ fn accepts_istio_api_versions() {
 #[test]
 fn selector_matching() {
     let sel = [("app".to_string(), "a".to_string())].into_iter().collect();
-    let labels = [("app".to_string(), "a".to_string()), ("x".into(), "y".into())]
-        .into_iter()
-        .collect();
+    let labels = [
+        ("app".to_string(), "a".to_string()),
+        ("x".into(), "y".into()),
+    ]
+    .into_iter()
+    .collect();
     assert!(selector_matches(&sel, Some(&labels)));
     assert!(!selector_matches(&sel, None));
     assert!(selector_matches(&Default::default(), None));

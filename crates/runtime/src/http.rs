@@ -83,7 +83,9 @@ pub fn metrics_router(metrics: Metrics) -> Router {
 }
 
 /// A readiness handler: 200 `ready` or 503 naming what is pending.
-pub fn readiness_handler(readiness: Readiness) -> impl Fn() -> std::future::Ready<axum::response::Response> + Clone {
+pub fn readiness_handler(
+    readiness: Readiness,
+) -> impl Fn() -> std::future::Ready<axum::response::Response> + Clone {
     move || {
         let pending = readiness.pending();
         let resp = if pending.is_empty() {

@@ -69,7 +69,10 @@ mod tests {
     #[test]
     fn parses_formats() {
         assert_eq!(LogFormat::parse(None).expect("unset"), LogFormat::Plain);
-        assert_eq!(LogFormat::parse(Some("json")).expect("json"), LogFormat::Json);
+        assert_eq!(
+            LogFormat::parse(Some("json")).expect("json"),
+            LogFormat::Json
+        );
         let err = LogFormat::parse(Some("xml")).expect_err("xml");
         assert!(err.to_string().contains("\"xml\""), "{err}");
     }

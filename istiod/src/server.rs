@@ -1,0 +1,407 @@
+//! Wires istiod together: source -> debounce/model -> snapshots -> xDS (15010, 15012), CA
+//! (15012), debug (8080) and metrics (15014), with graceful shutdown.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mesh_identity::{CaOptions, CertificateAuthority};
+use mesh_runtime::http::{metrics_router, BoundServer};
+use mesh_runtime::metrics::Metrics;
+use mesh_runtime::readiness::Readiness;
+use mesh_runtime::signal::{self, Shutdown, ShutdownTrigger};
+use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource, SourceEvent};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Identity as TlsIdentity, Server, ServerTlsConfig};
+
+use crate::auth::{Authenticator, TokenFileAuthenticator};
+use crate::ca::{CaService, NodeLocator};
+use crate::config::Config;
+use crate::debug::{self, DebugViews};
+use crate::metrics::{CaCollector, PushMetrics};
+use crate::model::{Model, ModelConfig, Snapshot};
+use crate::push::{self, DebounceConfig, ModelEvent};
+use crate::xds::{XdsMetrics, XdsServer};
+
+/// Where the root certificate is published in the state directory.
+pub const ROOT_CERT_FILE: &str = "root-cert.pem";
+/// How long shutdown waits for connections to drain before closing them.
+pub const DRAIN_DEADLINE: Duration = Duration::from_secs(5);
+/// How many recent source errors `/debug/configz` shows.
+const KEPT_SOURCE_ERRORS: usize = 100;
+
+/// Why istiod could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("certificate authority: {0}")]
+    Ca(#[from] mesh_identity::CaError),
+    #[error("tokens: {0}")]
+    Auth(#[from] crate::auth::AuthError),
+    #[error("cannot listen on {addr}: {source} (is another istiod running?)")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Http(#[from] mesh_runtime::http::HttpError),
+    #[error("gRPC server on {addr}: {source}")]
+    Grpc {
+        addr: SocketAddr,
+        source: tonic::transport::Error,
+    },
+    #[error("cannot create state directory {path}: {source}")]
+    StateDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+impl ServerError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ServerError::Config(_) => "config",
+            ServerError::Ca(_) => "ca",
+            ServerError::Auth(_) => "auth",
+            ServerError::Bind { .. } => "bind",
+            ServerError::Http(_) => "http",
+            ServerError::Grpc { .. } => "grpc",
+            ServerError::StateDir { .. } => "state_dir",
+        }
+    }
+}
+
+/// A running istiod (also used in-process by tests).
+#[derive(Debug)]
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub secure_grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub monitoring_addr: SocketAddr,
+    /// PEM of the root that signs workload and serving certificates.
+    pub root_cert_pem: String,
+    pub snapshots: watch::Receiver<Arc<Snapshot>>,
+    trigger: ShutdownTrigger,
+    tasks: JoinSet<Result<(), ServerError>>,
+}
+
+impl Running {
+    /// Requests shutdown and waits for every server to drain (at most [`DRAIN_DEADLINE`], then
+    /// remaining connections are closed).
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        self.trigger.trigger();
+        match tokio::time::timeout(DRAIN_DEADLINE, self.wait()).await {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(deadline = ?DRAIN_DEADLINE, "drain deadline passed; closing remaining connections");
+                self.tasks.abort_all();
+                self.wait().await
+            }
+        }
+    }
+
+    /// Waits until every task ends (after shutdown), returning the first error.
+    pub async fn wait(&mut self) -> Result<(), ServerError> {
+        let mut result = Ok(());
+        while let Some(r) = self.tasks.join_next().await {
+            match r {
+                Ok(Err(e)) if result.is_ok() => result = Err(e),
+                Err(e) if !e.is_cancelled() => tracing::error!(error = %e, "istiod task panicked"),
+                _ => {}
+            }
+        }
+        result
+    }
+
+    /// Requests shutdown without waiting.
+    pub fn trigger_shutdown(&self) {
+        self.trigger.trigger();
+    }
+}
+
+/// The CA's node check reads the current snapshot.
+struct SnapshotLocator(watch::Receiver<Arc<Snapshot>>);
+
+impl NodeLocator for SnapshotLocator {
+    fn identity_on_node(&self, node: &str, namespace: &str, service_account: &str) -> bool {
+        self.0
+            .borrow()
+            .identity_on_node(node, namespace, service_account)
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })
+}
+
+fn local(l: &TcpListener, fallback: SocketAddr) -> SocketAddr {
+    l.local_addr().unwrap_or(fallback)
+}
+
+/// Starts every part of istiod and returns once all listeners are bound.
+pub async fn start(config: Config) -> Result<Running, ServerError> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.state_dir).map_err(|source| ServerError::StateDir {
+        path: config.state_dir.clone(),
+        source,
+    })?;
+    let (trigger, shutdown) = signal::channel();
+    let readiness = Readiness::new();
+    readiness.register("config synced");
+    let metrics = Metrics::new();
+    let mut tasks = JoinSet::new();
+
+    let ca = Arc::new(CertificateAuthority::load(
+        config.cacerts_dir.as_deref(),
+        &config.state_dir,
+        CaOptions {
+            trust_domain: config.trust_domain.clone(),
+            max_ttl: config.max_workload_cert_ttl,
+            ..CaOptions::default()
+        },
+    )?);
+    ca.write_root_cert(&config.state_dir.join(ROOT_CERT_FILE))?;
+    tracing::info!(source = ?ca.source(), root = %config.state_dir.join(ROOT_CERT_FILE).display(), "certificate authority ready");
+    let authenticator: Arc<dyn Authenticator> =
+        Arc::new(TokenFileAuthenticator::new(&config.tokens_file)?);
+
+    let mut pipeline = JoinSet::new();
+    let (snapshots, source_errors) = start_pipeline(&config, &metrics, &readiness, &mut pipeline);
+    tasks.spawn(supervise_pipeline(pipeline, shutdown.clone()));
+
+    let xds =
+        XdsServer::new(snapshots.clone()).with_metrics(metrics.register(XdsMetrics::register));
+    let ca_service = CaService::new(
+        ca.clone(),
+        authenticator.clone(),
+        Arc::new(SnapshotLocator(snapshots.clone())),
+        config.cluster_id.clone(),
+    );
+    metrics.register(|r| r.register_collector(Box::new(CaCollector(ca_service.stats()))));
+
+    let grpc = bind(config.grpc_addr).await?;
+    let secure = bind(config.secure_grpc_addr).await?;
+    let grpc_addr = local(&grpc, config.grpc_addr);
+    let secure_grpc_addr = local(&secure, config.secure_grpc_addr);
+    tasks.spawn(serve_plaintext(
+        grpc,
+        grpc_addr,
+        xds.clone(),
+        shutdown.clone(),
+    ));
+    let serving = ca.serving_cert(
+        &config
+            .serving_dns_names
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    )?;
+    let tls = TlsIdentity::from_pem(serving.chain_pem.join(""), serving.key_pem);
+    tasks.spawn(serve_secure(
+        secure,
+        secure_grpc_addr,
+        tls,
+        xds.clone(),
+        ca_service,
+        authenticator,
+        shutdown.clone(),
+    ));
+
+    let views = DebugViews {
+        syncz: {
+            let xds = xds.clone();
+            Arc::new(move || xds.syncz())
+        },
+        configz: {
+            let snaps = snapshots.clone();
+            Arc::new(move || {
+                let mut v = snaps.borrow().debug_json();
+                let errs: Vec<String> = source_errors.lock().map(|e| e.clone()).unwrap_or_default();
+                if let Some(obj) = v.as_object_mut() {
+                    obj.insert("sourceErrors".into(), serde_json::json!(errs));
+                }
+                v
+            })
+        },
+        config: serde_json::to_value(&config).unwrap_or_default(),
+    };
+    let http = BoundServer::bind(config.http_addr).await?;
+    let monitoring = BoundServer::bind(config.monitoring_addr).await?;
+    let http_addr = http.local_addr();
+    let monitoring_addr = monitoring.local_addr();
+    let debug_router = debug::router(views, readiness.clone());
+    let sd = shutdown.clone();
+    tasks.spawn(async move { Ok(http.serve(debug_router, sd).await?) });
+    let (metrics_r, sd) = (metrics_router(metrics.clone()), shutdown.clone());
+    tasks.spawn(async move { Ok(monitoring.serve(metrics_r, sd).await?) });
+
+    tracing::info!(%grpc_addr, %secure_grpc_addr, %http_addr, %monitoring_addr, "istiod started");
+    Ok(Running {
+        grpc_addr,
+        secure_grpc_addr,
+        http_addr,
+        monitoring_addr,
+        root_cert_pem: ca.root_cert_pem().to_string(),
+        snapshots,
+        trigger,
+        tasks,
+    })
+}
+
+type SourceErrors = Arc<Mutex<Vec<String>>>;
+
+/// Runs the source/model pipeline until shutdown, then stops it: the snapshot channel closes,
+/// which ends every xDS stream so that the gRPC servers can drain.
+async fn supervise_pipeline(
+    mut pipeline: JoinSet<Result<(), ServerError>>,
+    shutdown: Shutdown,
+) -> Result<(), ServerError> {
+    let stop = shutdown.wait();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            Some(r) = pipeline.join_next() => {
+                // The pipeline never ends on its own; if a part does, say so and keep serving
+                // the last snapshot until shutdown.
+                let detail = match r {
+                    Ok(Ok(())) => "finished".to_string(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(e) => e.to_string(),
+                };
+                tracing::error!(%detail, "config pipeline task ended; serving the last snapshot");
+            }
+        }
+    }
+    pipeline.abort_all();
+    while pipeline.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Source -> (adapter) -> debounce/model -> watch channel of snapshots.
+fn start_pipeline(
+    config: &Config,
+    metrics: &Metrics,
+    readiness: &Readiness,
+    tasks: &mut JoinSet<Result<(), ServerError>>,
+) -> (watch::Receiver<Arc<Snapshot>>, SourceErrors) {
+    let (src_tx, mut src_rx) = mpsc::channel::<SourceEvent>(1024);
+    let (ev_tx, ev_rx) = mpsc::channel::<ModelEvent>(1024);
+    let (snap_tx, snap_rx) = watch::channel(Snapshot::empty());
+    let push_metrics = metrics.register(PushMetrics::register);
+    let errors: SourceErrors = Arc::default();
+
+    let source = Box::new(DirectorySource::new(
+        &config.config_dir,
+        DirectoryOptions::default(),
+    ));
+    tasks.spawn(async move {
+        source.run(src_tx).await;
+        Ok(())
+    });
+    let (pm, errs) = (push_metrics.clone(), errors.clone());
+    tasks.spawn(async move {
+        while let Some(ev) = src_rx.recv().await {
+            let ev = match ev {
+                SourceEvent::Applied(o) => {
+                    pm.record_event(o.kind().as_str(), "apply");
+                    ModelEvent::Applied(o)
+                }
+                SourceEvent::Deleted(k) => {
+                    pm.record_event(k.kind.as_str(), "delete");
+                    ModelEvent::Deleted(k)
+                }
+                SourceEvent::Synced => ModelEvent::Synced,
+                SourceEvent::Invalid(e) => {
+                    tracing::warn!(error = %e, "invalid configuration ignored; the rest still applies");
+                    pm.record_config_error(e.reason());
+                    if let Ok(mut list) = errs.lock() {
+                        if list.len() >= KEPT_SOURCE_ERRORS {
+                            list.remove(0);
+                        }
+                        list.push(e.to_string());
+                    }
+                    continue;
+                }
+            };
+            if ev_tx.send(ev).await.is_err() {
+                break;
+            }
+        }
+        Ok(())
+    });
+    let model = Model::new(ModelConfig {
+        cluster_id: config.cluster_id.clone(),
+        trust_domain: config.trust_domain.clone(),
+        domain_suffix: config.domain_suffix.clone(),
+        root_namespace: config.root_namespace.clone(),
+        network: config.network.clone(),
+    });
+    let debounce = DebounceConfig {
+        after: config.debounce_after,
+        max: config.debounce_max,
+    };
+    let ready = readiness.clone();
+    let snap_watch = snap_rx.clone();
+    tasks.spawn(async move {
+        push::run(model, debounce, ev_rx, snap_tx, move |stats| {
+            let errors = snap_watch.borrow().errors().len();
+            push_metrics.record_push(stats, errors);
+            if stats.initial {
+                ready.mark_ready("config synced");
+            }
+        })
+        .await;
+        Ok(())
+    });
+    (snap_rx, errors)
+}
+
+async fn serve_plaintext(
+    listener: TcpListener,
+    addr: SocketAddr,
+    xds: XdsServer<Snapshot>,
+    shutdown: Shutdown,
+) -> Result<(), ServerError> {
+    tracing::info!(%addr, "xDS (plaintext) listening");
+    Server::builder()
+        .add_service(xds.into_service())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.wait())
+        .await
+        .map_err(|source| ServerError::Grpc { addr, source })
+}
+
+async fn serve_secure(
+    listener: TcpListener,
+    addr: SocketAddr,
+    tls: TlsIdentity,
+    xds: XdsServer<Snapshot>,
+    ca: CaService,
+    authenticator: Arc<dyn Authenticator>,
+    shutdown: Shutdown,
+) -> Result<(), ServerError> {
+    tracing::info!(%addr, "xDS and CA (TLS) listening");
+    let auth = move |req: tonic::Request<()>| match authenticator.authenticate(req.metadata()) {
+        Ok(_) => Ok(req),
+        Err(e) => {
+            tracing::warn!(reason = e.reason(), error = %e, "xDS client refused");
+            Err(tonic::Status::unauthenticated(e.to_string()))
+        }
+    };
+    let xds = tonic::service::interceptor::InterceptedService::new(xds.into_service(), auth);
+    Server::builder()
+        .tls_config(ServerTlsConfig::new().identity(tls))
+        .map_err(|source| ServerError::Grpc { addr, source })?
+        .add_service(xds)
+        .add_service(ca.into_server())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.wait())
+        .await
+        .map_err(|source| ServerError::Grpc { addr, source })
+}
