@@ -68,21 +68,26 @@ step "what a ztunnel on node1 receives over delta xDS (TLS, port 15012)"
 
 step "a certificate for the demo client, requested as ztunnel on node1 (ImpersonatedIdentity)"
 "$ISTIOCTL" x csr "${XDS[@]}" --identity spiffe://cluster.local/ns/demo/sa/client
-echo "and one for a pod that is NOT on node1 (server-v2 runs on node2): istiod must refuse"
+echo "and one for legacy-client, which runs on node2, not node1: istiod must refuse"
 "$ISTIOCTL" x csr "${XDS[@]}" --identity spiffe://cluster.local/ns/legacy/sa/default || true
 
-step "editing a Pod on disk: server-v1 becomes not Ready; a watching client gets a delta"
+step "scaling server-v1 on disk (a new Pod file), then deleting legacy-client: a watching client gets deltas"
 "$ISTIOCTL" x xds-dump "${XDS[@]}" --node node1 --show workloads --watch 3s > "$WORK/watch.out" &
 WATCH_PID=$!
 sleep 1
-sed 's/status: "True"/status: "False"/' "$WORK/cluster/demo-app.yaml" > "$WORK/cluster/.demo-app.tmp"
-mv "$WORK/cluster/.demo-app.tmp" "$WORK/cluster/demo-app.yaml"
+sed -e 's/server-v1-7d9c6b5f4-abcde/server-v1-7d9c6b5f4-klmno/' -e 's/10.244.1.10/10.244.1.12/g' \
+  "$WORK/cluster/demo-app.yaml" | awk 'BEGIN{RS="---\n"; ORS=""} /server-v1-7d9c6b5f4-klmno/ {print}' \
+  > "$WORK/cluster/.server-v1-2.tmp"
+mv "$WORK/cluster/.server-v1-2.tmp" "$WORK/cluster/server-v1-2.yaml"
+rm "$WORK/cluster/legacy.yaml"
+sleep 0.5
+echo "/debug/syncz while the watcher is connected (first 900 bytes):"
+curl -s localhost:8080/debug/syncz | head -c 900; echo
 wait "$WATCH_PID" || true
 grep '^delta:' "$WORK/watch.out" || echo "(no delta seen)"
 
-step "istiod's view: /debug/syncz and metrics"
-curl -s localhost:8080/debug/syncz | head -c 1500; echo
-curl -s localhost:15014/metrics | grep -E '^(pilot_xds|pilot_xds_pushes|pilot_proxy_convergence_time_count|citadel)' | head -20
+step "metrics (Prometheus, port 15014)"
+curl -s localhost:15014/metrics | grep -E '^(pilot_xds|pilot_xds_pushes|pilot_proxy_convergence_time_count|citadel_server|istiod_snapshot_version)' | head -20
 
 if [ "$KEEP" -eq 1 ]; then
   step "istiod keeps running (Ctrl-C to stop). Explore:"

@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 mod connect;
+mod csr;
 mod render;
 mod xds_dump;
 
@@ -31,15 +32,27 @@ enum Command {
 enum Experimental {
     /// Subscribe to istiod's workload discovery (delta xDS) as a ztunnel and print it.
     XdsDump(xds_dump::XdsDumpArgs),
+    /// Request a workload certificate from istiod's CA (as a node's ztunnel) and show it.
+    Csr(csr::CsrArgs),
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> std::process::ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = Cli::parse();
+    match run(Cli::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Experimental { command } => match command {
             Experimental::XdsDump(args) => xds_dump::run(args).await,
+            Experimental::Csr(args) => csr::run(args).await,
         },
     }
 }

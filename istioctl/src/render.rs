@@ -162,7 +162,10 @@ pub fn services(dump: &Dump) -> String {
             let ports: Vec<String> = s
                 .ports
                 .iter()
-                .map(|p| format!("{}->{}", p.service_port, p.target_port))
+                .map(|p| match p.target_port {
+                    0 => p.service_port.to_string(),
+                    t => format!("{}->{t}", p.service_port),
+                })
                 .collect();
             vec![
                 s.namespace.clone(),
