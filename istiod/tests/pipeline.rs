@@ -395,6 +395,17 @@ async fn after_an_istiod_restart_a_reconnecting_client_gets_only_what_changed() 
     running.shutdown().await.expect("clean shutdown");
 }
 
+/// Waits (bounded) until the published snapshot satisfies `pred`.
+async fn wait_snapshot(
+    snaps: &mut tokio::sync::watch::Receiver<std::sync::Arc<istiod::model::Snapshot>>,
+    pred: impl Fn(&istiod::model::Snapshot) -> bool,
+) {
+    tokio::time::timeout(WAIT, snaps.wait_for(|s| pred(s)))
+        .await
+        .expect("snapshot in time")
+        .expect("snapshots");
+}
+
 async fn ca_client(running: &Running) -> IstioCertificateServiceClient<Channel> {
     IstioCertificateServiceClient::new(tls(running).await)
 }
@@ -429,13 +440,10 @@ async fn ca_issues_only_for_pods_scheduled_on_the_callers_node() {
     let h = Harness::new();
     let running = h.start().await;
     let mut snaps = running.snapshots.clone();
-    tokio::time::timeout(
-        WAIT,
-        snaps.wait_for(|s| s.identity_on_node("node1", "demo", "client")),
-    )
-    .await
-    .expect("snapshot in time")
-    .expect("snapshots");
+    wait_snapshot(&mut snaps, |s| {
+        s.identity_on_node("node1", "demo", "client")
+    })
+    .await;
     let mut ca = ca_client(&running).await;
 
     let ok = ca
@@ -452,19 +460,16 @@ async fn ca_issues_only_for_pods_scheduled_on_the_callers_node() {
         Some(running.root_cert_pem.trim())
     );
 
-    // server-2 runs on node2 only... but server-1 (same SA) runs on node1, so use an SA that is
-    // nowhere on node1.
+    // server-2 runs on node2, but server-1 has the same service account on node1: use an
+    // identity that is nowhere on node1.
     h.cluster.write(
         "demo/only-node2.yaml",
         &pod("demo", "lonely", "10.244.2.30", "node2", "lonely", "v1"),
     );
-    tokio::time::timeout(
-        WAIT,
-        snaps.wait_for(|s| s.identity_on_node("node2", "demo", "lonely")),
-    )
-    .await
-    .expect("snapshot in time")
-    .expect("snapshots");
+    wait_snapshot(&mut snaps, |s| {
+        s.identity_on_node("node2", "demo", "lonely")
+    })
+    .await;
     let refused = ca
         .create_certificate(csr_request(
             "spiffe://cluster.local/ns/demo/sa/lonely",
@@ -480,13 +485,10 @@ async fn ca_issues_only_for_pods_scheduled_on_the_callers_node() {
         "demo/only-node2.yaml",
         &pod("demo", "lonely", "10.244.1.30", "node1", "lonely", "v1"),
     );
-    tokio::time::timeout(
-        WAIT,
-        snaps.wait_for(|s| s.identity_on_node("node1", "demo", "lonely")),
-    )
-    .await
-    .expect("snapshot in time")
-    .expect("snapshots");
+    wait_snapshot(&mut snaps, |s| {
+        s.identity_on_node("node1", "demo", "lonely")
+    })
+    .await;
     ca.create_certificate(csr_request(
         "spiffe://cluster.local/ns/demo/sa/lonely",
         true,
