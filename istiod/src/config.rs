@@ -56,6 +56,10 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub debounce_max: Duration,
 
+    /// Full-state pushes in flight at once; 0 means Istio's default `min(15 + 5 x cores, 100)`.
+    #[arg(long, env = "PILOT_PUSH_THROTTLE", default_value_t = 0)]
+    pub push_throttle: usize,
+
     /// Cluster id written into workload uids (`<cluster>//Pod/<ns>/<name>`).
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,

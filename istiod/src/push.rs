@@ -26,7 +26,7 @@ pub const DEFAULT_DEBOUNCE_MAX: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelEvent {
     /// An object was added or changed.
-    Applied(Object),
+    Applied(std::sync::Arc<Object>),
     /// An object was deleted.
     Deleted(ObjectKey),
     /// The source has delivered its initial state.

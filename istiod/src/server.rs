@@ -14,7 +14,7 @@ use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource, SourceEvent}
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity as TlsIdentity, Server, ServerTlsConfig};
 
 use crate::auth::{Authenticator, TokenFileAuthenticator};
@@ -364,6 +364,14 @@ fn start_pipeline(
     (snap_rx, errors)
 }
 
+/// Accepted connections with TCP_NODELAY (small xDS deltas must not wait for Nagle) and TCP
+/// keepalive, so that dead proxies are noticed.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(180)))
+}
+
 async fn serve_plaintext(
     listener: TcpListener,
     addr: SocketAddr,
@@ -373,7 +381,7 @@ async fn serve_plaintext(
     tracing::info!(%addr, "xDS (plaintext) listening");
     Server::builder()
         .add_service(xds.into_service())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.wait())
+        .serve_with_incoming_shutdown(incoming(listener), shutdown.wait())
         .await
         .map_err(|source| ServerError::Grpc { addr, source })
 }
@@ -401,7 +409,7 @@ async fn serve_secure(
         .map_err(|source| ServerError::Grpc { addr, source })?
         .add_service(xds)
         .add_service(ca.into_server())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.wait())
+        .serve_with_incoming_shutdown(incoming(listener), shutdown.wait())
         .await
         .map_err(|source| ServerError::Grpc { addr, source })
 }

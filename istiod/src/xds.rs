@@ -10,6 +10,7 @@
 //! [`XdsServer::syncz`] at `/debug/syncz`; register [`XdsMetrics`].
 
 mod connection;
+pub mod framed;
 mod metrics;
 mod node;
 mod registry;
@@ -20,14 +21,12 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use futures::Stream;
-use mesh_proto::discovery::aggregated_discovery_service_server::{
-    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
-};
+use mesh_proto::discovery::aggregated_discovery_service_server::AggregatedDiscoveryService;
 use mesh_proto::discovery::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use mesh_xds::{DeltaStream, StreamError, XdsSnapshot};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -89,6 +88,13 @@ pub struct XdsServer<S: XdsSnapshot> {
     registry: Arc<Registry>,
     metrics: XdsMetrics,
     next_id: Arc<AtomicU64>,
+    throttle: Arc<Semaphore>,
+}
+
+/// Istio's `PILOT_PUSH_THROTTLE` default: `min(15 + 5 x cores, 100)` full pushes in flight.
+pub fn default_push_throttle() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    (15 + 5 * cores).min(100)
 }
 
 impl<S: XdsSnapshot> Clone for XdsServer<S> {
@@ -98,6 +104,7 @@ impl<S: XdsSnapshot> Clone for XdsServer<S> {
             registry: Arc::clone(&self.registry),
             metrics: self.metrics.clone(),
             next_id: Arc::clone(&self.next_id),
+            throttle: Arc::clone(&self.throttle),
         }
     }
 }
@@ -118,6 +125,17 @@ impl<S: XdsSnapshot> XdsServer<S> {
             registry: Arc::default(),
             metrics: XdsMetrics::default(),
             next_id: Arc::new(AtomicU64::new(1)),
+            throttle: Arc::new(Semaphore::new(default_push_throttle())),
+        }
+    }
+
+    /// At most `n` full-state responses in flight at once (`PILOT_PUSH_THROTTLE`): each holds a
+    /// permit until the client answers it, which bounds istiod's memory when many proxies
+    /// connect at once. Small deltas are never throttled.
+    pub fn with_push_throttle(self, n: usize) -> XdsServer<S> {
+        XdsServer {
+            throttle: Arc::new(Semaphore::new(n.max(1))),
+            ..self
         }
     }
 
@@ -126,9 +144,22 @@ impl<S: XdsSnapshot> XdsServer<S> {
         XdsServer { metrics, ..self }
     }
 
-    /// The tonic service to mount (max receive message size 4 MiB, as Istio).
-    pub fn into_service(self) -> AggregatedDiscoveryServiceServer<XdsServer<S>> {
-        AggregatedDiscoveryServiceServer::new(self).max_decoding_message_size(MAX_RECV_MESSAGE_SIZE)
+    /// The tonic service to mount (max receive message size 4 MiB, as Istio). Delta ADS
+    /// responses are framed per message (see [`framed`]), so no stream keeps a buffer the size of
+    /// its largest response.
+    pub fn into_service(self) -> framed::AdsService<S> {
+        framed::AdsService::new(self)
+    }
+
+    /// UNAVAILABLE until the first synced snapshot, like upstream istiod: answering from an
+    /// empty snapshot would tell a reconnecting proxy that everything is gone.
+    pub(crate) fn check_ready(&self) -> Result<(), Status> {
+        if self.snapshots.borrow().version() == 0 {
+            return Err(Status::unavailable(
+                "istiod is not ready to serve discovery information: configuration not synced yet; retry",
+            ));
+        }
+        Ok(())
     }
 
     /// The number of live connections.
@@ -142,7 +173,14 @@ impl<S: XdsSnapshot> XdsServer<S> {
         self.registry.syncz()
     }
 
-    fn start(&self, peer: Option<std::net::SocketAddr>) -> (Connection<S>, DeltaResponseStream) {
+    /// Registers a connection; returns its task and the receiver of its responses.
+    pub(crate) fn open(
+        &self,
+        peer: Option<std::net::SocketAddr>,
+    ) -> (
+        Connection<S>,
+        mpsc::Receiver<Result<DeltaDiscoveryResponse, Status>>,
+    ) {
         let id = format!("conn-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let mut snapshots = self.snapshots.clone();
         let current = Arc::clone(&snapshots.borrow_and_update());
@@ -163,8 +201,10 @@ impl<S: XdsSnapshot> XdsServer<S> {
             current,
             tx,
             metrics: self.metrics.clone(),
+            throttle: Arc::clone(&self.throttle),
+            inflight: Vec::new(),
         };
-        (conn, Box::pin(ReceiverStream::new(rx)))
+        (conn, rx)
     }
 }
 
@@ -193,14 +233,9 @@ impl<S: XdsSnapshot> AggregatedDiscoveryService for XdsServer<S> {
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaResponseStream>, Status> {
-        // Like upstream istiod: no answers from an unsynced (empty) snapshot, or a reconnecting
-        // proxy would be told its resources are gone. Clients retry with backoff.
-        if self.snapshots.borrow().version() == 0 {
-            return Err(Status::unavailable(
-                "istiod is not ready to serve discovery information: configuration not synced yet; retry",
-            ));
-        }
-        let (conn, responses) = self.start(request.remote_addr());
+        self.check_ready()?;
+        let (conn, rx) = self.open(request.remote_addr());
+        let responses: DeltaResponseStream = Box::pin(ReceiverStream::new(rx));
         tokio::spawn(conn.run(request.into_inner()));
         Ok(Response::new(responses))
     }

@@ -158,8 +158,15 @@ struct Harness {
 }
 
 async fn start(snap: Snap, metrics: XdsMetrics) -> Harness {
+    start_with(snap, |s| s.with_metrics(metrics)).await
+}
+
+async fn start_with(
+    snap: Snap,
+    configure: impl FnOnce(XdsServer<Snap>) -> XdsServer<Snap>,
+) -> Harness {
     let (publish, rx) = watch::channel(Arc::new(snap));
-    let server = XdsServer::new(rx).with_metrics(metrics);
+    let server = configure(XdsServer::new(rx));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -684,4 +691,45 @@ async fn a_client_that_never_reads_does_not_block_others() {
         "the stuck stream should lag: {stuck_version}"
     );
     drop(stuck);
+}
+
+#[tokio::test]
+async fn full_pushes_wait_for_a_throttle_permit_until_the_previous_one_is_answered() {
+    // 100 workloads: a full-state response, which holds the single permit until answered.
+    let many: Vec<Arc<Resource>> = (0..100u8)
+        .map(|i| workload(&format!("w{i}"), i, "v1", 0))
+        .collect();
+    let h = start_with(Snap::new(&many), |s| s.with_push_throttle(1)).await;
+    let mut first = h.client().await;
+    first.send(request(ADDRESS, &[], &[]));
+    let resp = first.recv().await;
+    assert_eq!(resp.resources.len(), 100);
+
+    // The first client has not answered: the second one's full push waits.
+    let mut second = h.client().await;
+    second.send(request(ADDRESS, &[], &[]));
+    second.silent(Duration::from_millis(500)).await;
+
+    // Small deltas are never throttled: the first client still gets a change.
+    let v2 = Snap::new(&many).next(&[workload("w1", 1, "v2", 0)], &[]);
+    h.publish(&v2);
+    let delta = first.recv().await;
+    assert_eq!(names(&delta), vec!["w1"]);
+
+    // A client holding a permit is not blocked by its own second full push (Authorization).
+    let auth: Vec<Arc<Resource>> = (0..70).map(|i| policy(&format!("p{i}"), "v1")).collect();
+    h.publish(&v2.next(&auth, &[]));
+    first.send(request(AUTHORIZATION, &[], &[]));
+    loop {
+        let r = first.recv().await;
+        if r.type_url == AUTHORIZATION {
+            assert_eq!(r.resources.len(), 70);
+            break;
+        }
+    }
+
+    // Once the first client ACKs its full push, the second one is served.
+    first.send(mesh_xds::ack(&resp));
+    let resp2 = second.recv().await;
+    assert_eq!(resp2.resources.len(), 100);
 }

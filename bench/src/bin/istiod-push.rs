@@ -35,12 +35,25 @@ struct Args {
     /// Pod changes to measure.
     #[arg(long, default_value_t = 20)]
     changes: usize,
+    /// Unmeasured changes first. The first change after 500 clients absorbed the full state is
+    /// received late *inside this benchmark process* (its client tasks are still digesting the
+    /// multi-megabyte initial responses); a separate watcher process sees it as fast as the rest.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Pause between the initial sync and the first change.
+    #[arg(long, default_value_t = 0)]
+    settle_ms: u64,
+    /// Keep istiod's log (at info level) in this file.
+    #[arg(long)]
+    istiod_log: Option<PathBuf>,
     /// Base port: xDS on +10, debug HTTP on +80.
     #[arg(long, default_value_t = 25000)]
     base_port: u16,
 }
 
 const NAMESPACES: usize = 100;
+/// HTTP/2 receive windows of the clients (ztunnel's `HTTP2_CONNECTION_WINDOW_SIZE` is 16 MiB).
+const WINDOW: u32 = 16 << 20;
 
 fn pod_yaml(ns: usize, i: usize, revision: usize) -> String {
     let svc = i % 10;
@@ -101,8 +114,22 @@ fn start_istiod(args: &Args, dir: &Path, state: &Path, tokens: &Path) -> anyhow:
         .arg(format!("--secure-grpc-addr=127.0.0.1:{}", p + 12))
         .arg(format!("--monitoring-addr=127.0.0.1:{}", p + 14))
         .arg(format!("--http-addr=127.0.0.1:{}", p + 80))
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("ISTIOD_RUST_LOG").unwrap_or_else(|_| {
+                if args.istiod_log.is_some() {
+                    "info"
+                } else {
+                    "warn"
+                }
+                .to_string()
+            }),
+        )
         .stdout(Stdio::null())
+        .stderr(match &args.istiod_log {
+            Some(p) => Stdio::from(std::fs::File::create(p).context("creating the istiod log")?),
+            None => Stdio::inherit(),
+        })
         .spawn()
         .context("starting istiod")
 }
@@ -115,9 +142,13 @@ async fn client(
     ready: Arc<Barrier>,
     seen: mpsc::UnboundedSender<(String, Instant)>,
 ) -> anyhow::Result<()> {
-    let mut ads = AggregatedDiscoveryServiceClient::connect(addr)
-        .await?
-        .max_decoding_message_size(256 << 20);
+    let channel = tonic::transport::Endpoint::from_shared(addr)?
+        .initial_stream_window_size(Some(WINDOW))
+        .initial_connection_window_size(Some(WINDOW))
+        .connect()
+        .await?;
+    let mut ads =
+        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
     let (tx, rx) = mpsc::unbounded_channel();
     let node = Node {
         id: format!(
@@ -228,9 +259,11 @@ async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> a
     let rss_connected = rss_mib(pid)?;
     eprintln!("all clients synced in {initial_sync:?}; RSS {rss_connected:.1} MiB");
 
+    tokio::time::sleep(Duration::from_millis(args.settle_ms)).await;
     let mut per_client = Vec::new();
     let mut all_clients = Vec::new();
-    for change in 0..args.changes {
+    for change in 0..args.warmup + args.changes {
+        let measured = change >= args.warmup;
         let (ns, i) = pod_ids[(change * 7919) % pod_ids.len()];
         let name = format!("Kubernetes//Pod/ns-{ns}/pod-{i}");
         let path = dir.join(format!("ns-{ns}/pod-{i}.yaml"));
@@ -238,7 +271,12 @@ async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> a
         std::fs::write(&tmp, pod_yaml(ns, i, change + 1))?;
         let t0 = Instant::now();
         std::fs::rename(&tmp, &path)?;
+        if std::env::var_os("BENCH_TRACE").is_some() {
+            let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+            eprintln!("change {change}: renamed at unix {:.3}", wall.as_secs_f64());
+        }
         let mut got = 0;
+        let mut this_change = Vec::new();
         let deadline = t0 + Duration::from_secs(30);
         while got < args.clients {
             let (n, at) = tokio::time::timeout_at(deadline.into(), seen_rx.recv())
@@ -252,9 +290,21 @@ async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> a
                 .context("clients gone")?;
             if n == name {
                 got += 1;
-                per_client.push(at.duration_since(t0).as_secs_f64() * 1e3);
+                let ms = at.duration_since(t0).as_secs_f64() * 1e3;
+                this_change.push(ms);
+                if measured {
+                    per_client.push(ms);
+                }
                 if got == args.clients {
-                    all_clients.push(at.duration_since(t0).as_secs_f64() * 1e3);
+                    eprintln!(
+                        "change {change}{}: p50 {:.1} ms, p90 {:.1} ms, every client has it after {ms:.1} ms",
+                        if measured { "" } else { " (warm-up)" },
+                        percentile(&mut this_change, 50.0),
+                        percentile(&mut this_change, 90.0)
+                    );
+                    if measured {
+                        all_clients.push(ms);
+                    }
                 }
             }
         }
@@ -267,6 +317,10 @@ async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> a
             vec![
                 "pods / services / clients".into(),
                 format!("{} / {} / {}", pod_ids.len(), args.services, args.clients),
+            ],
+            vec![
+                "measured changes (+ unmeasured warm-up)".into(),
+                format!("{} (+{})", args.changes, args.warmup),
             ],
             vec![
                 "istiod ready (initial load)".into(),

@@ -36,6 +36,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
+use std::sync::Arc;
+
 use mesh_api::{Object, ObjectKey};
 
 pub use directory::{DirectoryOptions, DirectorySource};
@@ -49,7 +51,7 @@ pub use error::{Problem, SourceError};
 )]
 pub enum SourceEvent {
     /// An object was added or changed (unchanged objects are never re-sent).
-    Applied(Object),
+    Applied(Arc<Object>),
     /// An object is gone.
     Deleted(ObjectKey),
     /// The initial listing is complete; sent once, after the initial `Applied` events.
@@ -74,7 +76,7 @@ pub trait ClusterSource: Send + 'static {
 /// benchmarks). Returns the objects with their files, in path and then line order, and every
 /// problem found; the rules are the watcher's (a key defined twice keeps the first file's
 /// definition, by path order).
-pub fn load_directory(path: impl AsRef<Path>) -> (Vec<(PathBuf, Object)>, Vec<SourceError>) {
+pub fn load_directory(path: impl AsRef<Path>) -> (Vec<(PathBuf, Arc<Object>)>, Vec<SourceError>) {
     let root = path.as_ref();
     let scan = scan::scan(root, root);
     let mut errors = scan.errors;

@@ -9,6 +9,8 @@ mod locate;
 
 use std::path::Path;
 
+use std::sync::Arc;
+
 use mesh_api::{ApiError, Kind, Object, ObjectKey};
 use serde_json::Value;
 
@@ -19,7 +21,7 @@ pub(crate) use locate::locate;
 /// An object decoded from a file, with its 1-based line.
 #[derive(Debug, Clone)]
 pub(crate) struct Loaded {
-    pub object: Object,
+    pub object: Arc<Object>,
     pub line: usize,
 }
 
@@ -245,7 +247,10 @@ fn decode_object(
     match Object::from_value(value) {
         Ok(object) => {
             let line = locate(cx.lines, start, end, &prefix) + 1;
-            out.objects.push(Loaded { object, line });
+            out.objects.push(Loaded {
+                object: Arc::new(object),
+                line,
+            });
         }
         Err(err) => {
             let path = format!("{prefix}.{}", error_path(&err));

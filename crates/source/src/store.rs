@@ -9,6 +9,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
 use mesh_api::{Object, ObjectKey};
 
 use crate::error::{Problem, SourceError};
@@ -53,7 +55,7 @@ impl Store {
             }
         }
         let affected = self.affected(&updates);
-        let before: Vec<Option<Object>> = affected
+        let before: Vec<Option<Arc<Object>>> = affected
             .iter()
             .map(|key| self.winner(key).cloned())
             .collect();
@@ -65,8 +67,8 @@ impl Store {
         for (key, before) in affected.into_iter().zip(before) {
             match (before, self.winner(&key)) {
                 (Some(_), None) => events.push(SourceEvent::Deleted(key)),
-                (before, Some(after)) if before.as_ref() != Some(after) => {
-                    events.push(SourceEvent::Applied(after.clone()));
+                (before, Some(after)) if before.as_deref() != Some(&**after) => {
+                    events.push(SourceEvent::Applied(Arc::clone(after)));
                 }
                 _ => {}
             }
@@ -176,7 +178,7 @@ impl Store {
     }
 
     /// The winning object for `key`.
-    fn winner(&self, key: &ObjectKey) -> Option<&Object> {
+    fn winner(&self, key: &ObjectKey) -> Option<&Arc<Object>> {
         let file = self.owners.get(key)?.first()?;
         self.files.get(file)?.get(key).map(|l| &l.object)
     }
@@ -191,7 +193,7 @@ impl Store {
     }
 
     /// The winning objects with their files, by file and then line.
-    pub(crate) fn objects(&self) -> Vec<(PathBuf, Object)> {
+    pub(crate) fn objects(&self) -> Vec<(PathBuf, Arc<Object>)> {
         let mut out = Vec::new();
         for (path, objects) in &self.files {
             let mut winners: Vec<&Loaded> = objects

@@ -85,7 +85,7 @@ impl Watched {
 
     async fn applied(&mut self) -> Object {
         match self.next().await {
-            SourceEvent::Applied(object) => object,
+            SourceEvent::Applied(object) => Object::clone(&object),
             other => panic!("expected Applied, got {other:?}"),
         }
     }

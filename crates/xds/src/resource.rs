@@ -41,6 +41,19 @@ impl Resource {
     }
 }
 
+impl Resource {
+    /// A stand-in for a resource a client says it holds (`initial_resource_versions`): only
+    /// the name and version are known.
+    pub fn placeholder(name: &str, version: &str) -> Resource {
+        Resource {
+            name: name.to_string(),
+            aliases: Vec::new(),
+            version: version.to_string(),
+            body: prost_types::Any::default(),
+        }
+    }
+}
+
 /// A persistent (structurally shared) map of resources by name: cloning is O(1) and an update
 /// O(log n), so each snapshot can hold its own copy cheaply.
 pub type ResourceMap = imbl::OrdMap<String, Arc<Resource>>;

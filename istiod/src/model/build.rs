@@ -75,17 +75,19 @@ impl Model {
         &self.cfg
     }
 
-    /// Adds or replaces an object and marks what it affects.
-    pub fn apply(&mut self, obj: Object) {
+    /// Adds or replaces an object and marks what it affects. Takes a shared object so that the
+    /// source and the model hold one copy.
+    pub fn apply(&mut self, obj: impl Into<Arc<Object>>) {
+        let obj = obj.into();
         let key = obj.key();
         let old = self.state.insert(obj);
-        self.mark(&key, old.as_ref());
+        self.mark(&key, old.as_deref());
     }
 
     /// Removes an object (no-op when unknown) and marks what it affected.
     pub fn delete(&mut self, key: &ObjectKey) {
         if let Some(old) = self.state.remove(key) {
-            self.mark(key, Some(&old));
+            self.mark(key, Some(&*old));
         }
     }
 

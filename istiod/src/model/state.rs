@@ -1,6 +1,7 @@
 //! Cluster objects by key, indexed by (kind, namespace), plus the node -> identities index.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use mesh_api::{Kind, Namespace, Object, ObjectKey, Pod};
 
@@ -13,31 +14,32 @@ pub(crate) type NodeIdentities = imbl::OrdMap<(String, String, String), u32>;
 /// Every object the model knows, with the indexes the incremental rebuild needs.
 #[derive(Debug, Default)]
 pub(crate) struct State {
-    objects: HashMap<ObjectKey, Object>,
+    /// Shared with the source that delivered them: one copy of each object in istiod.
+    objects: HashMap<ObjectKey, Arc<Object>>,
     by_namespace: HashMap<(Kind, String), BTreeSet<String>>,
     pub node_identities: NodeIdentities,
 }
 
 impl State {
     /// Stores `obj`, returning the object it replaced.
-    pub fn insert(&mut self, obj: Object) -> Option<Object> {
+    pub fn insert(&mut self, obj: Arc<Object>) -> Option<Arc<Object>> {
         let key = obj.key();
         self.by_namespace
             .entry((key.kind, key.namespace.clone()))
             .or_default()
             .insert(key.name.clone());
-        if let Object::Pod(pod) = &obj {
+        if let Object::Pod(pod) = &*obj {
             self.add_identity(pod, 1);
         }
         let old = self.objects.insert(key, obj);
-        if let Some(Object::Pod(pod)) = &old {
+        if let Some(Object::Pod(pod)) = old.as_deref() {
             self.add_identity(pod, -1);
         }
         old
     }
 
     /// Removes the object with `key`, returning it.
-    pub fn remove(&mut self, key: &ObjectKey) -> Option<Object> {
+    pub fn remove(&mut self, key: &ObjectKey) -> Option<Arc<Object>> {
         let old = self.objects.remove(key)?;
         let index_key = (key.kind, key.namespace.clone());
         if let Some(names) = self.by_namespace.get_mut(&index_key) {
@@ -46,18 +48,18 @@ impl State {
                 self.by_namespace.remove(&index_key);
             }
         }
-        if let Object::Pod(pod) = &old {
+        if let Object::Pod(pod) = &*old {
             self.add_identity(pod, -1);
         }
         Some(old)
     }
 
     pub fn get(&self, key: &ObjectKey) -> Option<&Object> {
-        self.objects.get(key)
+        self.objects.get(key).map(|o| &**o)
     }
 
     pub fn namespace(&self, name: &str) -> Option<&Namespace> {
-        match self.objects.get(&ObjectKey::new(Kind::Namespace, "", name)) {
+        match self.get(&ObjectKey::new(Kind::Namespace, "", name)) {
             Some(Object::Namespace(ns)) => Some(ns),
             _ => None,
         }
@@ -76,7 +78,7 @@ impl State {
     /// Objects of `kind` in `namespace`.
     pub fn objects_in(&self, kind: Kind, namespace: &str) -> impl Iterator<Item = &Object> + '_ {
         self.keys_in(kind, namespace)
-            .filter_map(move |key| self.objects.get(&key))
+            .filter_map(move |key| self.get(&key))
     }
 
     /// Namespaces that hold at least one object of `kind`.

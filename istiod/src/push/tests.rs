@@ -73,7 +73,7 @@ fn start(
 
 fn event(i: usize) -> ModelEvent {
     let ip = format!("10.0.{}.{}", i / 250, i % 250 + 1);
-    ModelEvent::Applied(pod("ns", &format!("p{i}"), &ip, serde_json::json!({})))
+    ModelEvent::Applied(pod("ns", &format!("p{i}"), &ip, serde_json::json!({})).into())
 }
 
 async fn next_snapshot(rx: &mut watch::Receiver<Arc<Snapshot>>) -> Arc<Snapshot> {

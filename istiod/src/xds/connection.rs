@@ -8,13 +8,26 @@ use std::sync::Arc;
 
 use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use mesh_xds::{metric_type, RequestKind, RequestOutcome, XdsSnapshot};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tonic::{Status, Streaming};
 
 use super::metrics::XdsMetrics;
 use super::node::NodeId;
 use super::registry::{ConnectionEntry, NodeInfo, RegistryGuard};
 use super::XdsError;
+
+/// A response at least this large counts as a full push and holds a throttle permit.
+const FULL_PUSH_RESOURCES: usize = 64;
+/// How long a full push may hold its permit without an answer from the client.
+const PERMIT_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A full push waiting for the client's ACK/NACK.
+pub(crate) struct InFlight {
+    type_url: String,
+    deadline: Instant,
+    _permit: OwnedSemaphorePermit,
+}
 
 pub(crate) type ResponseSender = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
 
@@ -26,6 +39,9 @@ pub(crate) struct Connection<S: XdsSnapshot> {
     pub current: Arc<S>,
     pub tx: ResponseSender,
     pub metrics: XdsMetrics,
+    /// Bounds the full-state responses in flight across all connections.
+    pub throttle: Arc<Semaphore>,
+    pub inflight: Vec<InFlight>,
 }
 
 impl<S: XdsSnapshot> Connection<S> {
@@ -51,6 +67,8 @@ impl<S: XdsSnapshot> Connection<S> {
         mut inbound: Streaming<DeltaDiscoveryRequest>,
     ) -> Result<(), XdsError> {
         loop {
+            let permit_deadline = self.next_permit_deadline();
+            let holding = !self.inflight.is_empty();
             tokio::select! {
                 msg = inbound.message() => match msg {
                     Ok(Some(req)) => self.on_request(req).await?,
@@ -61,8 +79,30 @@ impl<S: XdsSnapshot> Connection<S> {
                     Ok(()) => self.on_snapshot().await?,
                     Err(_) => return Err(XdsError::SnapshotsClosed),
                 },
+                _ = tokio::time::sleep_until(permit_deadline), if holding => {
+                    let now = Instant::now();
+                    self.inflight.retain(|f| f.deadline > now);
+                }
             }
         }
+    }
+
+    fn next_permit_deadline(&self) -> Instant {
+        self.inflight
+            .iter()
+            .map(|f| f.deadline)
+            .min()
+            .unwrap_or_else(Instant::now)
+    }
+
+    /// Waits for a full-push permit (`PILOT_PUSH_THROTTLE`). A connection that already holds
+    /// one goes ahead without waiting: it could not read the ACK that frees its own permit while
+    /// it waits, and enough such connections would deadlock the server.
+    async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        if !self.inflight.is_empty() {
+            return None;
+        }
+        Arc::clone(&self.throttle).acquire_owned().await.ok()
     }
 
     fn node_id(&self) -> String {
@@ -81,18 +121,26 @@ impl<S: XdsSnapshot> Connection<S> {
             tracing::warn!(conn = %self.entry.id, type_url, "request for a type this istiod does not serve (or no type_url); ignoring it, the stream stays up");
             return Ok(());
         }
-        let response = {
+        if !req.response_nonce.is_empty() {
+            // The client answered (ACK or NACK): its full pushes of this type are done.
+            self.inflight.retain(|f| f.type_url != type_url);
+        }
+        let full = {
             let mut stream = self.entry.stream();
             let outcome = stream.handle_request(&req)?;
             self.observe(&req, &outcome);
-            if outcome.respond {
-                stream.respond(type_url, &*self.current, None)
-            } else {
-                None
+            if !outcome.respond {
+                return Ok(());
             }
+            matches!(
+                outcome.kind,
+                RequestKind::Initial | RequestKind::Reconnect { .. }
+            )
         };
+        let permit = if full { self.permit().await } else { None };
+        let response = self.entry.stream().respond(type_url, &*self.current, None);
         match response {
-            Some(resp) => self.send(resp, false).await,
+            Some(resp) => self.send(resp, false, permit).await,
             None => Ok(()),
         }
     }
@@ -142,6 +190,10 @@ impl<S: XdsSnapshot> Connection<S> {
             return Ok(());
         }
         let changes = newest.changes_since(from);
+        let mut permit = match changes {
+            None => self.permit().await,
+            Some(_) => None,
+        };
         let responses = self.entry.stream().push(&*newest, changes.as_ref());
         tracing::debug!(conn = %self.entry.id, from, to = newest.version(), full = changes.is_none(), responses = responses.len(), "snapshot change");
         self.current = newest;
@@ -149,14 +201,26 @@ impl<S: XdsSnapshot> Connection<S> {
             .pushed_version
             .store(self.current.version(), Ordering::Relaxed);
         for resp in responses {
-            self.send(resp, true).await?;
+            self.send(resp, true, permit.take()).await?;
         }
         Ok(())
     }
 
     /// Queues `resp` for the client; waits while the client is slow (only this task waits).
-    async fn send(&self, resp: DeltaDiscoveryResponse, push: bool) -> Result<(), XdsError> {
+    async fn send(
+        &mut self,
+        resp: DeltaDiscoveryResponse,
+        push: bool,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Result<(), XdsError> {
         let kind = metric_type(&resp.type_url).to_string();
+        if let Some(p) = permit.filter(|_| resp.resources.len() >= FULL_PUSH_RESOURCES) {
+            self.inflight.push(InFlight {
+                type_url: resp.type_url.clone(),
+                deadline: Instant::now() + PERMIT_HOLD,
+                _permit: p,
+            });
+        }
         let (resources, removed) = (resp.resources.len(), resp.removed_resources.len());
         let nonce = resp.nonce.clone();
         self.tx

@@ -85,7 +85,10 @@ fn first_file_wins_until_it_goes_away() {
     assert_eq!(summary(&edit), ["applied Pod/default/x"]);
     let takeover = store.apply(vec![Change::Removed("a.yaml".into())]);
     assert_eq!(summary(&takeover), ["applied Pod/default/x"]);
-    let SourceEvent::Applied(mesh_api::Object::Pod(p)) = &takeover[0] else {
+    let SourceEvent::Applied(obj) = &takeover[0] else {
+        panic!("not applied")
+    };
+    let mesh_api::Object::Pod(p) = &**obj else {
         panic!("not a pod")
     };
     assert_eq!(
