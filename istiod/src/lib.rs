@@ -11,4 +11,5 @@ pub mod metrics;
 pub mod model;
 pub mod push;
 pub mod server;
+pub mod serving_tls;
 pub mod xds;

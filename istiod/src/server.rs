@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Identity as TlsIdentity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 use crate::auth::{Authenticator, TokenFileAuthenticator};
 use crate::ca::{CaService, NodeLocator};
@@ -24,6 +24,7 @@ use crate::debug::{self, DebugViews};
 use crate::metrics::{CaCollector, PushMetrics};
 use crate::model::{Model, ModelConfig, Snapshot};
 use crate::push::{self, DebounceConfig, ModelEvent};
+use crate::serving_tls::{tls_incoming, ServingCerts, ServingTlsError};
 use crate::xds::{XdsMetrics, XdsServer};
 
 /// Where the root certificate is published in the state directory.
@@ -54,6 +55,8 @@ pub enum ServerError {
         addr: SocketAddr,
         source: tonic::transport::Error,
     },
+    #[error(transparent)]
+    ServingTls(#[from] ServingTlsError),
     #[error("cannot create state directory {path}: {source}")]
     StateDir {
         path: std::path::PathBuf,
@@ -71,6 +74,7 @@ impl ServerError {
             ServerError::Http(_) => "http",
             ServerError::Grpc { .. } => "grpc",
             ServerError::StateDir { .. } => "state_dir",
+            ServerError::ServingTls(e) => e.reason(),
         }
     }
 }
@@ -195,15 +199,21 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         xds.clone(),
         shutdown.clone(),
     ));
-    let serving = ca.serving_cert(
-        &config
-            .serving_dns_names
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+    let serving = ServingCerts::new(
+        ca.clone(),
+        config.serving_dns_names.clone(),
+        vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
     )?;
-    let tls = TlsIdentity::from_pem(serving.chain_pem.join(""), serving.key_pem);
+    let tls = serving.server_config()?;
+    // Renew istiod's own certificate at half-life until shutdown.
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        tokio::select! {
+            _ = sd.wait() => {}
+            _ = serving.renew_forever() => {}
+        }
+        Ok(())
+    });
     tasks.spawn(serve_secure(
         secure,
         secure_grpc_addr,
@@ -389,7 +399,7 @@ async fn serve_plaintext(
 async fn serve_secure(
     listener: TcpListener,
     addr: SocketAddr,
-    tls: TlsIdentity,
+    tls: rustls::ServerConfig,
     xds: XdsServer<Snapshot>,
     ca: CaService,
     authenticator: Arc<dyn Authenticator>,
@@ -404,12 +414,11 @@ async fn serve_secure(
         }
     };
     let xds = tonic::service::interceptor::InterceptedService::new(xds.into_service(), auth);
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(tls_incoming(listener, tls));
     Server::builder()
-        .tls_config(ServerTlsConfig::new().identity(tls))
-        .map_err(|source| ServerError::Grpc { addr, source })?
         .add_service(xds)
         .add_service(ca.into_server())
-        .serve_with_incoming_shutdown(incoming(listener), shutdown.wait())
+        .serve_with_incoming_shutdown(incoming, shutdown.wait())
         .await
         .map_err(|source| ServerError::Grpc { addr, source })
 }

@@ -338,6 +338,17 @@ async fn tls_xds_requires_a_known_token() {
         tonic::Code::Unauthenticated
     );
 
+    // A client that never finishes its handshake and one that sends garbage hold up no one.
+    let _stalled = tokio::net::TcpStream::connect(running.secure_grpc_addr)
+        .await
+        .expect("connect");
+    let mut garbage = tokio::net::TcpStream::connect(running.secure_grpc_addr)
+        .await
+        .expect("connect");
+    tokio::io::AsyncWriteExt::write_all(&mut garbage, b"GET / HTTP/1.1\r\n\r\n\x00\xff")
+        .await
+        .expect("write garbage");
+
     let mut wds = Wds::fresh(tls(&running).await, Some("node1-token"))
         .await
         .expect("stream");
