@@ -1,0 +1,1 @@
+//! certs (being written)

@@ -1,0 +1,1 @@
+//! hbone (being written)
