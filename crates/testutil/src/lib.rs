@@ -3,7 +3,9 @@
 //! (Fake CA, fake ADS and fake ZDS peers join this crate with the data plane.)
 
 mod cluster_dir;
+mod fake_ca;
 mod objects;
 
 pub use cluster_dir::ClusterDir;
+pub use fake_ca::{FakeCa, FakeCaError, RecordedRequest, IMPERSONATED_IDENTITY};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};

@@ -1,0 +1,244 @@
+//! The gRPC client of Istio's CA: `CreateCertificate` with a fresh ECDSA P-256 CSR, a bearer
+//! token re-read from its file on every request (projected tokens rotate), `clusterid`, and in
+//! shared mode the `ImpersonatedIdentity` metadata.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use http::Uri;
+use hyper_util::rt::TokioIo;
+use mesh_identity::tls::{client_config_for_server_name, parse_certs};
+use mesh_identity::{generate_csr, Identity};
+use mesh_proto::ca::istio_certificate_service_client::IstioCertificateServiceClient;
+use mesh_proto::ca::IstioCertificateRequest;
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+
+use super::{CaClient, CertError, WorkloadCert};
+
+/// Requested certificate lifetime (`SECRET_TTL`).
+pub const DEFAULT_SECRET_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The mesh root certificate that verifies the CA's serving certificate.
+pub const DEFAULT_ROOT_CERT_PATH: &str = "./var/run/secrets/istio/root-cert.pem";
+/// The projected service-account token (audience `istio-ca`).
+pub const DEFAULT_TOKEN_PATH: &str = "./var/run/secrets/tokens/istio-token";
+/// `CLUSTER_ID` default.
+pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
+/// The request metadata key naming the workload a shared-mode ztunnel asks for.
+pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How to reach and authenticate to the CA.
+#[derive(Clone, Debug)]
+pub struct CaClientConfig {
+    /// `https://host:port` (TLS verified with `root_cert_path`) or `http://host:port` (tests).
+    pub address: String,
+    /// PEM roots for the CA's serving certificate (https only).
+    pub root_cert_path: PathBuf,
+    /// The bearer token file, read on every request; `None` sends no `authorization`.
+    pub token_path: Option<PathBuf>,
+    /// Sent as the `clusterid` header.
+    pub cluster_id: String,
+    /// Requested lifetime (`validity_duration`).
+    pub secret_ttl: Duration,
+    /// Shared mode: send `ImpersonatedIdentity` (ztunnel asks on behalf of workloads).
+    pub impersonate: bool,
+}
+
+impl CaClientConfig {
+    /// Istio's defaults for a shared-mode ztunnel talking to `address`.
+    pub fn new(address: impl Into<String>) -> CaClientConfig {
+        CaClientConfig {
+            address: address.into(),
+            root_cert_path: PathBuf::from(DEFAULT_ROOT_CERT_PATH),
+            token_path: Some(PathBuf::from(DEFAULT_TOKEN_PATH)),
+            cluster_id: DEFAULT_CLUSTER_ID.to_string(),
+            secret_ttl: DEFAULT_SECRET_TTL,
+            impersonate: true,
+        }
+    }
+}
+
+/// [`CaClient`] over gRPC to istiod (or any Istio-compatible CA).
+#[derive(Clone, Debug)]
+pub struct GrpcCaClient {
+    config: CaClientConfig,
+    channel: Channel,
+}
+
+impl GrpcCaClient {
+    /// Prepares a lazily-connecting channel; reads the root certificate now for https.
+    pub fn new(config: CaClientConfig) -> Result<GrpcCaClient, CertError> {
+        let bad = |detail: String| CertError::BadAddress {
+            address: config.address.clone(),
+            detail,
+        };
+        let uri: Uri = config.address.parse().map_err(|e| bad(format!("{e}")))?;
+        let authority = uri
+            .authority()
+            .ok_or_else(|| bad("no host:port".to_string()))?
+            .clone();
+        let channel = match uri.scheme_str() {
+            Some("http") => {
+                endpoint(&format!("http://{authority}"), &config.address)?.connect_lazy()
+            }
+            Some("https") => {
+                let connector = TlsConnect::new(&config, authority.host())?;
+                // tonic would insist on its own TLS for an https endpoint: dial "http" with our
+                // rustls connector and keep `https` as the request origin.
+                endpoint(&format!("http://{authority}"), &config.address)?
+                    .origin(uri.clone())
+                    .connect_with_connector_lazy(connector)
+            }
+            other => return Err(bad(format!("unsupported scheme {other:?}"))),
+        };
+        Ok(GrpcCaClient { config, channel })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &CaClientConfig {
+        &self.config
+    }
+
+    async fn create(&self, identity: &Identity) -> Result<WorkloadCert, CertError> {
+        let csr = generate_csr(identity)?;
+        let mut request = tonic::Request::new(IstioCertificateRequest {
+            csr: csr.csr_pem,
+            validity_duration: i64::try_from(self.config.secret_ttl.as_secs()).unwrap_or(i64::MAX),
+            metadata: self.config.impersonate.then(|| impersonation(identity)),
+        });
+        request.set_timeout(REQUEST_TIMEOUT);
+        self.add_headers(request.metadata_mut()).await?;
+        let mut client = IstioCertificateServiceClient::new(self.channel.clone());
+        let response =
+            client
+                .create_certificate(request)
+                .await
+                .map_err(|status| CertError::Rpc {
+                    address: self.config.address.clone(),
+                    identity: identity.to_string(),
+                    code: status.code(),
+                    message: status.message().to_string(),
+                })?;
+        WorkloadCert::from_response(identity, response.into_inner().cert_chain, csr.key_pem)
+    }
+
+    async fn add_headers(
+        &self,
+        metadata: &mut tonic::metadata::MetadataMap,
+    ) -> Result<(), CertError> {
+        if let Some(path) = &self.config.token_path {
+            let token =
+                tokio::fs::read_to_string(path)
+                    .await
+                    .map_err(|source| CertError::Token {
+                        path: path.display().to_string(),
+                        source,
+                    })?;
+            let value = MetadataValue::try_from(format!("Bearer {}", token.trim()))
+                .map_err(|_| CertError::BadHeader { what: "token" })?;
+            metadata.insert("authorization", value);
+        }
+        let cluster = MetadataValue::try_from(self.config.cluster_id.as_str())
+            .map_err(|_| CertError::BadHeader { what: "cluster id" })?;
+        metadata.insert("clusterid", cluster);
+        Ok(())
+    }
+}
+
+impl CaClient for GrpcCaClient {
+    fn fetch<'a>(
+        &'a self,
+        identity: &'a Identity,
+    ) -> BoxFuture<'a, Result<WorkloadCert, CertError>> {
+        Box::pin(self.create(identity))
+    }
+}
+
+fn endpoint(uri: &str, address: &str) -> Result<Endpoint, CertError> {
+    let endpoint = Endpoint::from_shared(uri.to_string()).map_err(|e| CertError::BadAddress {
+        address: address.to_string(),
+        detail: e.to_string(),
+    })?;
+    Ok(endpoint.connect_timeout(CONNECT_TIMEOUT))
+}
+
+fn impersonation(identity: &Identity) -> prost_types::Struct {
+    let value = prost_types::Value {
+        kind: Some(prost_types::value::Kind::StringValue(identity.to_string())),
+    };
+    prost_types::Struct {
+        fields: BTreeMap::from([(IMPERSONATED_IDENTITY.to_string(), value)]),
+    }
+}
+
+/// Dials TCP and runs a TLS 1.3 handshake verifying the CA by DNS name against the root file.
+#[derive(Clone)]
+struct TlsConnect {
+    config: Arc<rustls::ClientConfig>,
+    server_name: ServerName<'static>,
+}
+
+impl TlsConnect {
+    fn new(config: &CaClientConfig, host: &str) -> Result<TlsConnect, CertError> {
+        let path = config.root_cert_path.display().to_string();
+        let pem =
+            std::fs::read_to_string(&config.root_cert_path).map_err(|e| CertError::RootCert {
+                path: path.clone(),
+                detail: e.to_string(),
+            })?;
+        let roots = parse_certs(&pem, "CA root certificate").map_err(|e| CertError::RootCert {
+            path,
+            detail: e.to_string(),
+        })?;
+        let tls = client_config_for_server_name(&roots).map_err(CertError::Tls)?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let server_name =
+            ServerName::try_from(host.to_string()).map_err(|e| CertError::BadAddress {
+                address: config.address.clone(),
+                detail: e.to_string(),
+            })?;
+        Ok(TlsConnect {
+            config: Arc::new(tls),
+            server_name,
+        })
+    }
+}
+
+type TlsIo = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+
+impl tonic::codegen::Service<Uri> for TlsConnect {
+    type Response = TlsIo;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<TlsIo, std::io::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
+        let server_name = self.server_name.clone();
+        Box::pin(async move {
+            let host = uri.host().unwrap_or_default();
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let port = uri.port_u16().unwrap_or(443);
+            let tcp = TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let tls = connector.connect(server_name, tcp).await?;
+            Ok(TokioIo::new(tls))
+        })
+    }
+}
