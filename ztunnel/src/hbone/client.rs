@@ -1,0 +1,306 @@
+//! HBONE client: one TLS + HTTP/2 connection to a peer's port 15008 carrying many `CONNECT`
+//! streams. A [`Connection`] is a cheap, cloneable handle; each successful `CONNECT` yields a
+//! [`Tunnel`] (`AsyncRead + AsyncWrite`). Shutting a tunnel's write side sends END_STREAM.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{HeaderValue, Method, Request, StatusCode, Version};
+use hyper::client::conn::http2::SendRequest;
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use mesh_identity::Identity;
+use rustls::ClientConfig;
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+use tracing::Instrument;
+
+use super::{Empty, H2Settings, HboneError, BAGGAGE_HEADER, FORWARDED_HEADER, TRACEPARENT_HEADER};
+
+/// One `CONNECT` to send over a [`Connection`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectRequest {
+    /// Target `ip:port`, sent as `:authority` (a service VIP when sent to a waypoint).
+    pub target: SocketAddr,
+    /// Original source of the proxied connection, sent as `forwarded: for="ip:port"`.
+    pub source: SocketAddr,
+    /// W3C baggage describing the source workload, if any.
+    pub baggage: Option<String>,
+    /// W3C trace context, if any.
+    pub traceparent: Option<String>,
+}
+
+impl ConnectRequest {
+    /// A request for `target` on behalf of `source`, with no baggage or trace context.
+    pub fn new(target: SocketAddr, source: SocketAddr) -> Self {
+        ConnectRequest {
+            target,
+            source,
+            baggage: None,
+            traceparent: None,
+        }
+    }
+
+    /// The HTTP/2 request: `CONNECT` with `:authority` = target and the HBONE headers.
+    pub fn to_http(&self) -> Result<Request<Empty>, HboneError> {
+        let authority = self.target.to_string();
+        let forwarded = format!("for=\"{}\"", self.source);
+        let mut builder = Request::builder()
+            .method(Method::CONNECT)
+            .version(Version::HTTP_2)
+            .uri(authority.as_str())
+            .header(
+                FORWARDED_HEADER,
+                header_value(FORWARDED_HEADER, &forwarded)?,
+            );
+        if let Some(baggage) = &self.baggage {
+            builder = builder.header(BAGGAGE_HEADER, header_value(BAGGAGE_HEADER, baggage)?);
+        }
+        if let Some(traceparent) = &self.traceparent {
+            let value = header_value(TRACEPARENT_HEADER, traceparent)?;
+            builder = builder.header(TRACEPARENT_HEADER, value);
+        }
+        builder
+            .body(Empty)
+            .map_err(|source| HboneError::BuildRequest { authority, source })
+    }
+}
+
+fn header_value(name: &'static str, value: &str) -> Result<HeaderValue, HboneError> {
+    HeaderValue::from_str(value).map_err(|source| HboneError::InvalidHeader { name, source })
+}
+
+/// A TLS + HTTP/2 connection to an HBONE peer; clones share the connection.
+#[derive(Clone)]
+pub struct Connection {
+    sender: SendRequest<Empty>,
+    addr: SocketAddr,
+    peer_identity: Identity,
+    streams: Arc<AtomicUsize>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("addr", &self.addr)
+            .field("peer_identity", &self.peer_identity)
+            .field("streams", &self.active_streams())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Dials `addr`, runs the TLS handshake with `tls` (which carries the source certificate
+    /// and the expected destination identities) and the HTTP/2 handshake, all within
+    /// `settings.handshake_timeout`.
+    pub async fn connect(
+        addr: SocketAddr,
+        tls: Arc<ClientConfig>,
+        settings: &H2Settings,
+    ) -> Result<Self, HboneError> {
+        let timeout = settings.handshake_timeout;
+        tokio::time::timeout(timeout, Self::handshake(addr, tls, settings))
+            .await
+            .map_err(|_| HboneError::HandshakeTimeout { addr, timeout })?
+    }
+
+    async fn handshake(
+        addr: SocketAddr,
+        tls: Arc<ClientConfig>,
+        settings: &H2Settings,
+    ) -> Result<Self, HboneError> {
+        let tcp = TcpStream::connect(addr)
+            .await
+            .map_err(|source| HboneError::Dial { addr, source })?;
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on the HBONE connection");
+        }
+        let name = ServerName::IpAddress(addr.ip().into());
+        let stream = TlsConnector::from(tls)
+            .connect(name, tcp)
+            .await
+            .map_err(|source| HboneError::Tls { addr, source })?;
+        let peer_identity = verified_peer(&stream, addr)?;
+        let (sender, conn) = h2_builder(settings)
+            .handshake::<_, Empty>(TokioIo::new(stream))
+            .await
+            .map_err(|source| HboneError::H2Handshake { addr, source })?;
+        let span = tracing::debug_span!("hbone_outbound", peer = %addr, %peer_identity);
+        tokio::spawn(
+            async move {
+                match conn.await {
+                    Ok(()) => tracing::debug!("HBONE connection closed"),
+                    Err(e) => tracing::debug!(error = %e, "HBONE connection failed"),
+                }
+            }
+            .instrument(span),
+        );
+        Ok(Connection {
+            sender,
+            addr,
+            peer_identity,
+            streams: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// Sends `request` and, once the peer answers 200, returns the tunnel.
+    pub async fn open(&self, request: &ConnectRequest) -> Result<Tunnel, HboneError> {
+        self.send(request.to_http()?).await
+    }
+
+    /// Sends a prepared `CONNECT` request (see [`ConnectRequest::to_http`]).
+    pub async fn send(&self, request: Request<Empty>) -> Result<Tunnel, HboneError> {
+        let slot = StreamSlot::acquire(self.streams.clone());
+        self.send_in_slot(request, slot).await
+    }
+
+    async fn send_in_slot(
+        &self,
+        request: Request<Empty>,
+        slot: StreamSlot,
+    ) -> Result<Tunnel, HboneError> {
+        let authority = request.uri().to_string();
+        let mut sender = self.sender.clone();
+        let request_error = |source| HboneError::Request {
+            authority: authority.clone(),
+            source,
+        };
+        sender.ready().await.map_err(request_error)?;
+        let response = sender.send_request(request).await.map_err(request_error)?;
+        if response.status() != StatusCode::OK {
+            return Err(HboneError::Status {
+                authority,
+                status: response.status(),
+            });
+        }
+        let upgraded = hyper::upgrade::on(response)
+            .await
+            .map_err(|source| HboneError::Upgrade { authority, source })?;
+        Ok(Tunnel {
+            io: TokioIo::new(upgraded),
+            _slot: slot,
+        })
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The peer's verified SPIFFE identity.
+    pub fn peer_identity(&self) -> &Identity {
+        &self.peer_identity
+    }
+
+    /// Whether the connection can no longer carry new streams.
+    pub fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+
+    /// Streams opened through this handle (and its clones) that are still alive, including
+    /// those still waiting for their response.
+    pub fn active_streams(&self) -> usize {
+        self.streams.load(Ordering::Relaxed)
+    }
+
+    /// Reserves a stream slot if fewer than `max` are in use (used by the pool).
+    pub(crate) fn try_reserve(&self, max: usize) -> Option<StreamSlot> {
+        self.streams
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| StreamSlot(self.streams.clone()))
+    }
+
+    /// Like [`Connection::open`] with a slot reserved by [`Connection::try_reserve`].
+    pub(crate) async fn open_reserved(
+        &self,
+        request: &ConnectRequest,
+        slot: StreamSlot,
+    ) -> Result<Tunnel, HboneError> {
+        self.send_in_slot(request.to_http()?, slot).await
+    }
+}
+
+fn verified_peer(stream: &TlsStream<TcpStream>, addr: SocketAddr) -> Result<Identity, HboneError> {
+    let (_, session) = stream.get_ref();
+    if session.alpn_protocol() != Some(mesh_identity::tls::ALPN_H2) {
+        return Err(HboneError::NoH2 { addr });
+    }
+    mesh_identity::tls::peer_identity_of(session.peer_certificates())
+        .map_err(|source| HboneError::PeerIdentity { addr, source })
+}
+
+fn h2_builder(settings: &H2Settings) -> hyper::client::conn::http2::Builder<TokioExecutor> {
+    let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(settings.stream_window)
+        .initial_connection_window_size(settings.connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .max_header_list_size(settings.max_header_list_size)
+        .keep_alive_interval(settings.keepalive_interval)
+        .keep_alive_timeout(settings.keepalive_timeout)
+        .keep_alive_while_idle(true);
+    builder
+}
+
+/// Counts one live stream on a connection until dropped.
+#[derive(Debug)]
+pub(crate) struct StreamSlot(Arc<AtomicUsize>);
+
+impl StreamSlot {
+    fn acquire(counter: Arc<AtomicUsize>) -> Self {
+        counter.fetch_add(1, Ordering::AcqRel);
+        StreamSlot(counter)
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An established HBONE tunnel: bytes written reach the target, `shutdown` half-closes.
+#[derive(Debug)]
+pub struct Tunnel {
+    io: TokioIo<Upgraded>,
+    _slot: StreamSlot,
+}
+
+impl AsyncRead for Tunnel {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Tunnel {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}

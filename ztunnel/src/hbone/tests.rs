@@ -1,0 +1,548 @@
+//! Loopback tests of the HBONE server, client, pool and copy helper with certificates from a
+//! self-signed mesh CA.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mesh_identity::tls::{client_config, parse_certs, server_config};
+use mesh_identity::{generate_csr, CaOptions, CertKey, CertificateAuthority, ClientAuth, Identity};
+use rustls::{ClientConfig, ServerConfig};
+use rustls_pki_types::CertificateDer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::copy::{copy_bidirectional, ByteCounters, CopyError, Transferred};
+use super::*;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Mesh {
+    _dir: tempfile::TempDir,
+    ca: CertificateAuthority,
+}
+
+impl Mesh {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ca = CertificateAuthority::self_signed(dir.path(), CaOptions::default()).expect("ca");
+        Mesh { _dir: dir, ca }
+    }
+
+    fn roots(&self) -> Vec<CertificateDer<'static>> {
+        parse_certs(self.ca.root_cert_pem(), "root").expect("roots")
+    }
+
+    fn cert_for(&self, identity: &Identity) -> CertKey {
+        let csr = generate_csr(identity).expect("csr");
+        let chain = self
+            .ca
+            .sign_csr(&csr.csr_pem, identity, None)
+            .expect("sign");
+        CertKey::from_pem(&chain, &csr.key_pem).expect("cert key")
+    }
+
+    fn server_tls(&self, identity: &Identity) -> Arc<ServerConfig> {
+        let config = server_config(
+            self.cert_for(identity),
+            &self.roots(),
+            ClientAuth::RequireSpiffe,
+        );
+        Arc::new(config.expect("server config"))
+    }
+
+    fn client_tls(&self, src: Option<&Identity>, expected: Vec<Identity>) -> Arc<ClientConfig> {
+        let cert = src.map(|id| self.cert_for(id));
+        Arc::new(client_config(cert, &self.roots(), expected).expect("client config"))
+    }
+}
+
+fn id(sa: &str) -> Identity {
+    Identity::new("cluster.local", "default", sa).expect("identity")
+}
+
+/// Records every request and finished tunnel; denies targets in `deny`, dials the rest.
+#[derive(Default)]
+struct Recorder {
+    requests: Mutex<Vec<InboundRequest>>,
+    finished: Mutex<Vec<(Identity, Result<Transferred, String>)>>,
+    deny: Vec<SocketAddr>,
+}
+
+impl Connector for Arc<Recorder> {
+    fn connect(
+        &self,
+        request: InboundRequest,
+    ) -> server::BoxFuture<'static, Result<TcpStream, Refusal>> {
+        self.requests.lock().unwrap().push(request.clone());
+        let denied = self.deny.contains(&request.target);
+        Box::pin(async move {
+            if denied {
+                return Err(Refusal::Denied {
+                    reason: "test policy".into(),
+                });
+            }
+            TcpStream::connect(request.target)
+                .await
+                .map_err(|source| Refusal::ConnectFailed {
+                    target: request.target,
+                    source,
+                })
+        })
+    }
+
+    fn finished(
+        &self,
+        peer: &Identity,
+        _target: SocketAddr,
+        result: &Result<Transferred, CopyError>,
+    ) {
+        let result = result.as_ref().map(|t| *t).map_err(|e| e.to_string());
+        self.finished.lock().unwrap().push((peer.clone(), result));
+    }
+}
+
+/// A TCP echo server: reads until EOF, writes everything back, then closes.
+async fn echo_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind echo");
+    let addr = listener.local_addr().expect("echo addr");
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut data = Vec::new();
+                tcp.read_to_end(&mut data).await.expect("echo read");
+                tcp.write_all(&data).await.expect("echo write");
+                tcp.shutdown().await.expect("echo shutdown");
+            });
+        }
+    });
+    addr
+}
+
+struct Fixture {
+    mesh: Mesh,
+    server_id: Identity,
+    client_id: Identity,
+    hbone: SocketAddr,
+    recorder: Arc<Recorder>,
+}
+
+impl Fixture {
+    async fn start(deny: Vec<SocketAddr>, settings: H2Settings) -> Self {
+        let mesh = Mesh::new();
+        let server_id = id("server");
+        let recorder = Arc::new(Recorder {
+            deny,
+            ..Recorder::default()
+        });
+        let server = Arc::new(Server::new(
+            mesh.server_tls(&server_id),
+            settings,
+            recorder.clone(),
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind hbone");
+        let hbone = listener.local_addr().expect("hbone addr");
+        tokio::spawn(server.run(listener, std::future::pending()));
+        Fixture {
+            mesh,
+            server_id,
+            client_id: id("client"),
+            hbone,
+            recorder,
+        }
+    }
+
+    fn client_tls(&self) -> Arc<ClientConfig> {
+        self.mesh
+            .client_tls(Some(&self.client_id), vec![self.server_id.clone()])
+    }
+
+    async fn connect(&self) -> Connection {
+        Connection::connect(self.hbone, self.client_tls(), &H2Settings::default())
+            .await
+            .expect("HBONE connection")
+    }
+}
+
+fn source() -> SocketAddr {
+    "127.0.0.1:41000".parse().expect("source addr")
+}
+
+/// Writes `payload`, half-closes, and returns everything read back until EOF.
+async fn round_trip(mut tunnel: Tunnel, payload: &[u8]) -> Vec<u8> {
+    tunnel.write_all(payload).await.expect("tunnel write");
+    tunnel.shutdown().await.expect("tunnel half-close");
+    let mut back = Vec::new();
+    tokio::time::timeout(WAIT, tunnel.read_to_end(&mut back))
+        .await
+        .expect("echo in time")
+        .expect("tunnel read");
+    back
+}
+
+async fn wait_for_finished(recorder: &Recorder, count: usize) {
+    tokio::time::timeout(WAIT, async {
+        while recorder.finished.lock().unwrap().len() < count {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("tunnels finished in time");
+}
+
+#[tokio::test]
+async fn echo_through_tunnel_with_half_close_and_peer_identity() {
+    let echo = echo_server().await;
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let conn = fx.connect().await;
+    assert_eq!(conn.peer_identity(), &fx.server_id);
+    let mut request = ConnectRequest::new(echo, source());
+    request.baggage = Some("k8s.namespace.name=default".into());
+    let tunnel = conn.open(&request).await.expect("tunnel");
+    let payload = b"hello over hbone".repeat(1000);
+    assert_eq!(round_trip(tunnel, &payload).await, payload);
+
+    let requests = fx.recorder.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 1);
+    let seen = &requests[0];
+    assert_eq!(seen.peer_identity, fx.client_id);
+    assert_eq!(seen.target, echo);
+    assert_eq!(seen.local_addr, fx.hbone);
+    assert_eq!(seen.headers[FORWARDED_HEADER], "for=\"127.0.0.1:41000\"");
+    assert_eq!(seen.headers[BAGGAGE_HEADER], "k8s.namespace.name=default");
+
+    wait_for_finished(&fx.recorder, 1).await;
+    let finished = fx.recorder.finished.lock().unwrap();
+    let expected = Transferred {
+        sent: payload.len() as u64,
+        received: payload.len() as u64,
+    };
+    assert_eq!(finished[0], (fx.client_id.clone(), Ok(expected)));
+}
+
+#[tokio::test]
+async fn client_expecting_another_san_fails_the_handshake() {
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let tls = fx
+        .mesh
+        .client_tls(Some(&fx.client_id), vec![id("someone-else")]);
+    let err = Connection::connect(fx.hbone, tls, &H2Settings::default())
+        .await
+        .expect_err("wrong SAN must fail");
+    assert_eq!(err.reason(), "tls", "{err}");
+    assert!(fx.recorder.requests.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn client_without_certificate_is_rejected() {
+    let echo = echo_server().await;
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let tls = fx.mesh.client_tls(None, vec![fx.server_id.clone()]);
+    // TLS 1.3: the server's rejection of the missing client certificate may only surface on
+    // the first request.
+    let result = match Connection::connect(fx.hbone, tls, &H2Settings::default()).await {
+        Ok(conn) => conn
+            .open(&ConnectRequest::new(echo, source()))
+            .await
+            .map(drop),
+        Err(e) => Err(e),
+    };
+    assert!(result.is_err(), "anonymous client must not get a tunnel");
+    assert!(fx.recorder.requests.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn policy_refusal_is_401() {
+    let echo = echo_server().await;
+    let fx = Fixture::start(vec![echo], H2Settings::default()).await;
+    let conn = fx.connect().await;
+    let err = conn
+        .open(&ConnectRequest::new(echo, source()))
+        .await
+        .expect_err("denied");
+    assert_eq!(err.status(), Some(http::StatusCode::UNAUTHORIZED), "{err}");
+    assert_eq!(err.reason(), "status_401");
+    // The connection survives a refused stream.
+    let other = echo_server().await;
+    let tunnel = conn
+        .open(&ConnectRequest::new(other, source()))
+        .await
+        .expect("allowed");
+    assert_eq!(round_trip(tunnel, b"still works").await, b"still works");
+}
+
+#[tokio::test]
+async fn dial_failure_is_503() {
+    let closed = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        listener.local_addr().expect("addr")
+    };
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let conn = fx.connect().await;
+    let err = conn
+        .open(&ConnectRequest::new(closed, source()))
+        .await
+        .expect_err("closed port");
+    assert_eq!(
+        err.status(),
+        Some(http::StatusCode::SERVICE_UNAVAILABLE),
+        "{err}"
+    );
+}
+
+fn raw_request(method: http::Method, uri: &str) -> http::Request<Empty> {
+    http::Request::builder()
+        .method(method)
+        .version(http::Version::HTTP_2)
+        .uri(uri)
+        .body(Empty)
+        .expect("request")
+}
+
+#[tokio::test]
+async fn malformed_authority_and_non_connect_are_400() {
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let conn = fx.connect().await;
+    for uri in ["echo.default.svc:8080", "127.0.0.1"] {
+        let err = conn
+            .send(raw_request(http::Method::CONNECT, uri))
+            .await
+            .expect_err("bad authority");
+        assert_eq!(
+            err.status(),
+            Some(http::StatusCode::BAD_REQUEST),
+            "{uri}: {err}"
+        );
+    }
+    let err = conn
+        .send(raw_request(http::Method::GET, "https://127.0.0.1:80/"))
+        .await
+        .expect_err("GET");
+    assert_eq!(err.status(), Some(http::StatusCode::BAD_REQUEST), "{err}");
+    assert!(fx.recorder.requests.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn oversized_headers_are_rejected() {
+    let echo = echo_server().await;
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let conn = fx.connect().await;
+    let mut request = ConnectRequest::new(echo, source());
+    request.baggage = Some("x".repeat(64 * 1024));
+    let result = conn.open(&request).await;
+    assert!(result.is_err(), "a 64 KiB header block must be refused");
+    assert!(fx.recorder.requests.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn twenty_concurrent_streams_share_one_connection() {
+    let echo = echo_server().await;
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let conn = fx.connect().await;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let conn = conn.clone();
+        tasks.push(tokio::spawn(async move {
+            let tunnel = conn
+                .open(&ConnectRequest::new(echo, source()))
+                .await
+                .expect("tunnel");
+            let payload = format!("stream {i} ").repeat(500).into_bytes();
+            assert_eq!(round_trip(tunnel, &payload).await, payload);
+        }));
+    }
+    for task in tasks {
+        task.await.expect("stream task");
+    }
+    let requests = fx.recorder.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 20);
+    assert!(requests
+        .iter()
+        .all(|r| r.peer_addr == requests[0].peer_addr));
+    wait_for_finished(&fx.recorder, 20).await;
+    assert_eq!(conn.active_streams(), 0);
+}
+
+#[tokio::test]
+async fn garbage_and_silent_connections_do_not_disturb_a_good_one() {
+    let echo = echo_server().await;
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let mut garbage = TcpStream::connect(fx.hbone).await.expect("garbage connect");
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\x01\x02 not tls at all")
+        .await
+        .expect("garbage write");
+    let _silent = TcpStream::connect(fx.hbone).await.expect("silent connect");
+
+    let conn = fx.connect().await;
+    let tunnel = conn
+        .open(&ConnectRequest::new(echo, source()))
+        .await
+        .expect("tunnel");
+    assert_eq!(round_trip(tunnel, b"good").await, b"good");
+
+    // The server closed the garbage connection (possibly after a TLS alert).
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(WAIT, garbage.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok(),
+        "garbage connection must be closed by the server"
+    );
+}
+
+#[tokio::test]
+async fn pool_reuses_connections_and_caps_streams_per_connection() {
+    let echo = echo_server().await;
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let pool = Pool::new(H2Settings {
+        max_streams_per_connection: 2,
+        ..H2Settings::default()
+    });
+    let key = PoolKey::new(fx.client_id.clone(), vec![fx.server_id.clone()], fx.hbone);
+    let request = ConnectRequest::new(echo, source());
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(
+            pool.open(&key, fx.client_tls(), &request)
+                .await
+                .expect("pooled tunnel"),
+        );
+    }
+    assert_eq!(
+        pool.connections(&key),
+        2,
+        "2 streams per connection → 2 connections"
+    );
+    let first = held.remove(0);
+    assert_eq!(round_trip(first, b"one").await, b"one");
+    // The freed slot is reused instead of dialing a third connection.
+    let again = pool
+        .open(&key, fx.client_tls(), &request)
+        .await
+        .expect("reuse");
+    assert_eq!(pool.connections(&key), 2);
+    assert_eq!(round_trip(again, b"two").await, b"two");
+    for tunnel in held {
+        assert_eq!(round_trip(tunnel, b"held").await, b"held");
+    }
+    let peers: std::collections::HashSet<_> = fx
+        .recorder
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.peer_addr)
+        .collect();
+    assert_eq!(peers.len(), 2, "the server saw exactly two TCP connections");
+}
+
+#[tokio::test]
+async fn copy_propagates_half_close_both_ways_and_counts_bytes() {
+    let (client, proxy_down) = tokio::io::duplex(64 * 1024);
+    let (proxy_up, server) = tokio::io::duplex(64 * 1024);
+    let counters = Arc::new(ByteCounters::default());
+    let copy_counters = counters.clone();
+    let copy =
+        tokio::spawn(async move { copy_bidirectional(proxy_down, proxy_up, &copy_counters).await });
+    let (mut client_read, mut client_write) = tokio::io::split(client);
+    let (mut server_read, mut server_write) = tokio::io::split(server);
+
+    client_write
+        .write_all(&[7u8; 5000])
+        .await
+        .expect("client write");
+    client_write.shutdown().await.expect("client half-close");
+    let mut at_server = Vec::new();
+    server_read
+        .read_to_end(&mut at_server)
+        .await
+        .expect("server reads EOF");
+    assert_eq!(at_server.len(), 5000);
+    // The other direction still flows after the first half-close.
+    server_write
+        .write_all(b"reply")
+        .await
+        .expect("server write");
+    server_write.shutdown().await.expect("server half-close");
+    let mut at_client = Vec::new();
+    client_read
+        .read_to_end(&mut at_client)
+        .await
+        .expect("client reads EOF");
+    assert_eq!(at_client, b"reply");
+
+    let transferred = copy.await.expect("copy task").expect("copy");
+    assert_eq!(
+        transferred,
+        Transferred {
+            sent: 5000,
+            received: 5
+        }
+    );
+    assert_eq!((counters.sent(), counters.received()), (5000, 5));
+}
+
+#[test]
+fn pool_key_ignores_destination_identity_order() {
+    let dst: SocketAddr = "10.0.0.1:15008".parse().expect("addr");
+    let a = PoolKey::new(id("src"), vec![id("b"), id("a"), id("a")], dst);
+    let b = PoolKey::new(id("src"), vec![id("a"), id("b")], dst);
+    assert_eq!(a, b);
+}
+
+#[test]
+fn connect_request_carries_authority_and_forwarded() {
+    let target: SocketAddr = "[fd00::1]:8080".parse().expect("target");
+    let src: SocketAddr = "[fd00::2]:5555".parse().expect("src");
+    let mut request = ConnectRequest::new(target, src);
+    request.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+    let http = request.to_http().expect("request");
+    assert_eq!(http.method(), http::Method::CONNECT);
+    assert_eq!(
+        http.uri().authority().expect("authority").as_str(),
+        "[fd00::1]:8080"
+    );
+    assert_eq!(http.headers()[FORWARDED_HEADER], "for=\"[fd00::2]:5555\"");
+    assert!(http.headers().contains_key(TRACEPARENT_HEADER));
+    request.baggage = Some("bad\nvalue".into());
+    let err = request.to_http().expect_err("newline in header");
+    assert_eq!(err.reason(), "invalid_header");
+}
+
+#[tokio::test]
+async fn shutdown_stops_accepting_but_lets_open_tunnels_finish() {
+    let echo = echo_server().await;
+    let mesh = Mesh::new();
+    let server_id = id("server");
+    let recorder = Arc::new(Recorder::default());
+    let server = Arc::new(Server::new(
+        mesh.server_tls(&server_id),
+        H2Settings::default(),
+        recorder.clone(),
+    ));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind hbone");
+    let hbone = listener.local_addr().expect("hbone addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(server.run(listener, async move {
+        let _ = stopped.await;
+    }));
+    let tls = mesh.client_tls(Some(&id("client")), vec![server_id]);
+    let conn = Connection::connect(hbone, tls.clone(), &H2Settings::default())
+        .await
+        .expect("connect");
+    let mut tunnel = conn
+        .open(&ConnectRequest::new(echo, source()))
+        .await
+        .expect("tunnel");
+    tunnel.write_all(b"before ").await.expect("write");
+
+    stop.send(()).expect("stop");
+    run.await.expect("run task").expect("run");
+    assert!(
+        Connection::connect(hbone, tls, &H2Settings::default())
+            .await
+            .is_err(),
+        "the listener is closed after shutdown"
+    );
+    assert_eq!(round_trip(tunnel, b"after").await, b"before after");
+}
