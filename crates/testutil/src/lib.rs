@@ -5,7 +5,9 @@
 mod cluster_dir;
 mod fake_ca;
 mod objects;
+mod pki;
 
 pub use cluster_dir::ClusterDir;
 pub use fake_ca::{FakeCa, FakeCaError, RecordedRequest, IMPERSONATED_IDENTITY};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};
+pub use pki::TestPki;

@@ -5,10 +5,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mesh_identity::tls::{client_config, parse_certs, server_config};
-use mesh_identity::{generate_csr, CaOptions, CertKey, CertificateAuthority, ClientAuth, Identity};
-use rustls::{ClientConfig, ServerConfig};
-use rustls_pki_types::CertificateDer;
+use mesh_identity::Identity;
+use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -17,45 +15,7 @@ use super::*;
 
 const WAIT: Duration = Duration::from_secs(10);
 
-struct Mesh {
-    _dir: tempfile::TempDir,
-    ca: CertificateAuthority,
-}
-
-impl Mesh {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ca = CertificateAuthority::self_signed(dir.path(), CaOptions::default()).expect("ca");
-        Mesh { _dir: dir, ca }
-    }
-
-    fn roots(&self) -> Vec<CertificateDer<'static>> {
-        parse_certs(self.ca.root_cert_pem(), "root").expect("roots")
-    }
-
-    fn cert_for(&self, identity: &Identity) -> CertKey {
-        let csr = generate_csr(identity).expect("csr");
-        let chain = self
-            .ca
-            .sign_csr(&csr.csr_pem, identity, None)
-            .expect("sign");
-        CertKey::from_pem(&chain, &csr.key_pem).expect("cert key")
-    }
-
-    fn server_tls(&self, identity: &Identity) -> Arc<ServerConfig> {
-        let config = server_config(
-            self.cert_for(identity),
-            &self.roots(),
-            ClientAuth::RequireSpiffe,
-        );
-        Arc::new(config.expect("server config"))
-    }
-
-    fn client_tls(&self, src: Option<&Identity>, expected: Vec<Identity>) -> Arc<ClientConfig> {
-        let cert = src.map(|id| self.cert_for(id));
-        Arc::new(client_config(cert, &self.roots(), expected).expect("client config"))
-    }
-}
+use mesh_testutil::TestPki as Mesh;
 
 fn id(sa: &str) -> Identity {
     Identity::new("cluster.local", "default", sa).expect("identity")
