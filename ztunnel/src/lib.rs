@@ -3,5 +3,8 @@
 //! Landed so far: L4 authorization (`rbac`), HBONE (`hbone`), workload certificates (`certs`).
 
 pub mod certs;
+pub mod config;
 pub mod hbone;
 pub mod rbac;
+pub mod state;
+pub mod xds;

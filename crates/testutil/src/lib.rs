@@ -3,11 +3,13 @@
 //! (Fake CA, fake ADS and fake ZDS peers join this crate with the data plane.)
 
 mod cluster_dir;
+mod fake_ads;
 mod fake_ca;
 mod objects;
 mod pki;
 
 pub use cluster_dir::ClusterDir;
+pub use fake_ads::{FakeAds, FakeAdsError, RecordedDeltaRequest, RecordedDeltaResponse};
 pub use fake_ca::{FakeCa, FakeCaError, RecordedRequest, IMPERSONATED_IDENTITY};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};
 pub use pki::TestPki;

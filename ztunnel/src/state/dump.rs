@@ -1,0 +1,281 @@
+//! The `/config_dump` view of the state (camelCase JSON: IPs as strings, enums as names), and
+//! the policy shape shared with the `LOCAL_XDS_PATH` YAML (`rules` as nested lists).
+
+use ipnet::IpNet;
+use mesh_proto::security as sec;
+use serde::{Deserialize, Serialize};
+
+use super::{Service, State, Workload};
+use crate::rbac::{self, Policy, RbacMatch};
+
+/// Everything the state holds, for `/config_dump`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StateDump<'a> {
+    /// Workloads in uid order.
+    pub workloads: Vec<&'a Workload>,
+    /// Services in `namespace/hostname` order.
+    pub services: Vec<&'a Service>,
+    /// Policies in `namespace/name` order.
+    pub policies: Vec<PolicyDump>,
+}
+
+pub(super) fn dump(state: &State) -> StateDump<'_> {
+    StateDump {
+        workloads: state.workloads().collect(),
+        services: state.services().collect(),
+        policies: state.policies().iter().map(PolicyDump::from).collect(),
+    }
+}
+
+/// A policy as dumped and as written in local config.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyDump {
+    /// Policy name.
+    pub name: String,
+    /// Policy namespace.
+    pub namespace: String,
+    /// `Global`, `Namespace` or `WorkloadSelector`.
+    pub scope: ScopeName,
+    /// `Allow` or `Deny`.
+    pub action: ActionName,
+    /// Groups (OR) of rules (AND) of matches (OR). String matchers are single-key maps
+    /// (`{exact: x}`) in YAML too, not YAML tags.
+    #[serde(default, with = "serde_yaml::with::singleton_map_recursive")]
+    pub rules: Vec<Vec<Vec<MatchDump>>>,
+    /// Logged, never enforced.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// Policy scope by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ScopeName {
+    /// Every workload.
+    Global,
+    /// Workloads of the policy's namespace.
+    Namespace,
+    /// Workloads listing the policy.
+    WorkloadSelector,
+}
+
+/// Policy action by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ActionName {
+    /// Allow what matches.
+    Allow,
+    /// Deny what matches.
+    Deny,
+}
+
+/// A string matcher: `{exact: x}`, `{prefix: x}`, `{suffix: x}` or `{presence: {}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StringMatchDump {
+    /// Equal.
+    Exact(String),
+    /// Starts with.
+    Prefix(String),
+    /// Ends with.
+    Suffix(String),
+    /// Non-empty.
+    Presence {},
+}
+
+/// A service-account pair.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceAccountDump {
+    /// Namespace.
+    pub namespace: String,
+    /// Service account.
+    pub service_account: String,
+}
+
+/// One match; IPs are CIDRs (`10.0.0.0/8`, `10.0.0.1/32`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct MatchDump {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<StringMatchDump>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_namespaces: Vec<StringMatchDump>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub principals: Vec<StringMatchDump>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_principals: Vec<StringMatchDump>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub source_ips: Vec<IpNet>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_source_ips: Vec<IpNet>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub destination_ips: Vec<IpNet>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_destination_ips: Vec<IpNet>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub destination_ports: Vec<u16>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_destination_ports: Vec<u16>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub service_accounts: Vec<ServiceAccountDump>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_service_accounts: Vec<ServiceAccountDump>,
+}
+
+impl From<&Policy> for PolicyDump {
+    fn from(p: &Policy) -> Self {
+        PolicyDump {
+            name: p.name.clone(),
+            namespace: p.namespace.clone(),
+            scope: match p.scope {
+                rbac::Scope::Global => ScopeName::Global,
+                rbac::Scope::Namespace => ScopeName::Namespace,
+                rbac::Scope::WorkloadSelector => ScopeName::WorkloadSelector,
+            },
+            action: match p.action {
+                rbac::Action::Allow => ActionName::Allow,
+                rbac::Action::Deny => ActionName::Deny,
+            },
+            rules: p
+                .groups
+                .iter()
+                .map(|g| {
+                    g.iter()
+                        .map(|r| r.iter().map(MatchDump::from).collect())
+                        .collect()
+                })
+                .collect(),
+            dry_run: p.dry_run,
+        }
+    }
+}
+
+impl From<&RbacMatch> for MatchDump {
+    fn from(m: &RbacMatch) -> Self {
+        let strings = |v: &[rbac::StringMatch]| v.iter().map(StringMatchDump::from).collect();
+        let sas = |v: &[rbac::ServiceAccountMatch]| {
+            v.iter()
+                .map(|s| ServiceAccountDump {
+                    namespace: s.namespace.clone(),
+                    service_account: s.service_account.clone(),
+                })
+                .collect()
+        };
+        MatchDump {
+            namespaces: strings(&m.namespaces),
+            not_namespaces: strings(&m.not_namespaces),
+            principals: strings(&m.principals),
+            not_principals: strings(&m.not_principals),
+            source_ips: m.source_ips.clone(),
+            not_source_ips: m.not_source_ips.clone(),
+            destination_ips: m.destination_ips.clone(),
+            not_destination_ips: m.not_destination_ips.clone(),
+            destination_ports: m.destination_ports.clone(),
+            not_destination_ports: m.not_destination_ports.clone(),
+            service_accounts: sas(&m.service_accounts),
+            not_service_accounts: sas(&m.not_service_accounts),
+        }
+    }
+}
+
+impl From<&rbac::StringMatch> for StringMatchDump {
+    fn from(m: &rbac::StringMatch) -> Self {
+        match m {
+            rbac::StringMatch::Exact(s) => StringMatchDump::Exact(s.clone()),
+            rbac::StringMatch::Prefix(s) => StringMatchDump::Prefix(s.clone()),
+            rbac::StringMatch::Suffix(s) => StringMatchDump::Suffix(s.clone()),
+            rbac::StringMatch::Presence => StringMatchDump::Presence {},
+        }
+    }
+}
+
+impl PolicyDump {
+    /// The wire resource this policy stands for (local config goes through the same
+    /// conversion as xDS).
+    pub fn to_proto(&self) -> sec::Authorization {
+        sec::Authorization {
+            name: self.name.clone(),
+            namespace: self.namespace.clone(),
+            scope: match self.scope {
+                ScopeName::Global => sec::Scope::Global,
+                ScopeName::Namespace => sec::Scope::Namespace,
+                ScopeName::WorkloadSelector => sec::Scope::WorkloadSelector,
+            } as i32,
+            action: match self.action {
+                ActionName::Allow => sec::Action::Allow,
+                ActionName::Deny => sec::Action::Deny,
+            } as i32,
+            groups: self
+                .rules
+                .iter()
+                .map(|g| sec::Group {
+                    rules: g
+                        .iter()
+                        .map(|r| sec::Rules {
+                            matches: r.iter().map(MatchDump::to_proto).collect(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            dry_run: self.dry_run,
+            extensions: Vec::new(),
+        }
+    }
+}
+
+impl MatchDump {
+    fn to_proto(&self) -> sec::Match {
+        let strings = |v: &[StringMatchDump]| v.iter().map(StringMatchDump::to_proto).collect();
+        let ips = |v: &[IpNet]| {
+            v.iter()
+                .map(|n| sec::Address {
+                    address: match n.addr() {
+                        std::net::IpAddr::V4(a) => a.octets().to_vec(),
+                        std::net::IpAddr::V6(a) => a.octets().to_vec(),
+                    },
+                    length: u32::from(n.prefix_len()),
+                })
+                .collect()
+        };
+        let ports = |v: &[u16]| v.iter().map(|p| u32::from(*p)).collect();
+        let sas = |v: &[ServiceAccountDump]| {
+            v.iter()
+                .map(|s| sec::ServiceAccountMatch {
+                    namespace: s.namespace.clone(),
+                    service_account: s.service_account.clone(),
+                })
+                .collect()
+        };
+        sec::Match {
+            namespaces: strings(&self.namespaces),
+            not_namespaces: strings(&self.not_namespaces),
+            principals: strings(&self.principals),
+            not_principals: strings(&self.not_principals),
+            source_ips: ips(&self.source_ips),
+            not_source_ips: ips(&self.not_source_ips),
+            destination_ips: ips(&self.destination_ips),
+            not_destination_ips: ips(&self.not_destination_ips),
+            destination_ports: ports(&self.destination_ports),
+            not_destination_ports: ports(&self.not_destination_ports),
+            service_accounts: sas(&self.service_accounts),
+            not_service_accounts: sas(&self.not_service_accounts),
+            extensions: Vec::new(),
+        }
+    }
+}
+
+impl StringMatchDump {
+    fn to_proto(&self) -> sec::StringMatch {
+        use sec::string_match::MatchType;
+        let t = match self {
+            StringMatchDump::Exact(s) => MatchType::Exact(s.clone()),
+            StringMatchDump::Prefix(s) => MatchType::Prefix(s.clone()),
+            StringMatchDump::Suffix(s) => MatchType::Suffix(s.clone()),
+            StringMatchDump::Presence {} => MatchType::Presence(()),
+        };
+        sec::StringMatch {
+            match_type: Some(t),
+        }
+    }
+}
