@@ -18,9 +18,11 @@ use crate::rbac::{Policy, PolicySet, RbacError};
 
 mod dump;
 mod local;
+mod shared;
 mod types;
 
 pub use dump::{PolicyDump, StateDump};
+pub use shared::SharedState;
 pub use types::{
     ApplicationTunnel, GatewayAddress, GatewayDestination, LoadBalancing, Locality, NetworkAddress,
     Port, Service, WeightedWaypoint, WireName, Workload,
