@@ -1,0 +1,98 @@
+use std::net::SocketAddr;
+
+use mesh_proto::workload::{address, Address, Workload};
+use mesh_runtime::http::BoundServer;
+use mesh_runtime::signal;
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+
+async fn request(addr: SocketAddr, method: &str, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("{method} {path} HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.expect("read");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn serve(router: Router) -> (SocketAddr, signal::ShutdownTrigger) {
+    let (trigger, shutdown) = signal::channel();
+    let server = BoundServer::bind("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let addr = server.local_addr();
+    tokio::spawn(server.serve(router, shutdown));
+    (addr, trigger)
+}
+
+fn body(resp: &str) -> &str {
+    resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("")
+}
+
+#[tokio::test]
+async fn config_dump_shows_state_and_config_and_quit_triggers_shutdown() {
+    let state = SharedState::default();
+    let addr = Address {
+        r#type: Some(address::Type::Workload(Workload {
+            uid: "Kubernetes//Pod/demo/client".into(),
+            name: "client".into(),
+            namespace: "demo".into(),
+            addresses: vec![vec![10, 244, 1, 11]],
+            ..Default::default()
+        })),
+    };
+    crate::xds::Handler::apply(
+        &state,
+        mesh_proto::type_url::ADDRESS,
+        &[("Kubernetes//Pod/demo/client".into(), addr.encode_to_vec())],
+        &[],
+    )
+    .expect("applied");
+    let config = Config::from_vars(Vec::<(String, String)>::new()).expect("defaults");
+    let (trigger, shutdown) = signal::channel();
+    let view = AdminView {
+        config: Arc::new(config),
+        state,
+        certs: None,
+        shutdown: Arc::new(trigger),
+    };
+    let (admin, _stop) = serve(admin_router(view)).await;
+
+    let resp = request(admin, "GET", "/config_dump").await;
+    let dump: serde_json::Value = serde_json::from_str(body(&resp)).expect("json");
+    assert_eq!(
+        dump["workloads"].as_array().map(Vec::len),
+        Some(1),
+        "{dump}"
+    );
+    assert!(
+        body(&resp).contains("10.244.1.11"),
+        "IPs as strings: {resp}"
+    );
+    assert!(
+        dump["config"].is_object() && dump["certificates"].is_array(),
+        "{dump}"
+    );
+
+    assert!(!shutdown.requested());
+    let resp = request(admin, "POST", "/quitquitquit").await;
+    assert!(
+        resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200"),
+        "{resp}"
+    );
+    assert!(shutdown.requested(), "quitquitquit requests shutdown");
+}
+
+#[tokio::test]
+async fn readiness_is_503_until_every_condition_is_met() {
+    let readiness = Readiness::new();
+    readiness.register("xds");
+    let (addr, _stop) = serve(readiness_router(readiness.clone())).await;
+    let resp = request(addr, "GET", "/healthz/ready").await;
+    assert!(resp.contains(" 503 ") && resp.contains("xds"), "{resp}");
+    readiness.mark_ready("xds");
+    let resp = request(addr, "GET", "/healthz/ready").await;
+    assert!(resp.contains(" 200 "), "{resp}");
+}
