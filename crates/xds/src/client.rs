@@ -162,7 +162,7 @@ impl DeltaClient {
 
     /// Validates then applies one response to the local state (all or nothing).
     pub fn apply(&mut self, resp: &DeltaDiscoveryResponse) -> Result<Applied, ClientError> {
-        validate(resp)?;
+        validate_response(resp)?;
         let t = self.types.entry(resp.type_url.clone()).or_default();
         let mut applied = Applied::default();
         for r in &resp.resources {
@@ -248,7 +248,9 @@ pub fn nack(resp: &DeltaDiscoveryResponse, code: i32, message: &str) -> DeltaDis
     }
 }
 
-fn validate(resp: &DeltaDiscoveryResponse) -> Result<(), ClientError> {
+/// Checks what the delta protocol requires of a response before anything in it is applied:
+/// every resource is named, has a body, and the body is of the response's type.
+pub fn validate_response(resp: &DeltaDiscoveryResponse) -> Result<(), ClientError> {
     for r in &resp.resources {
         if r.name.is_empty() {
             return Err(ClientError::UnnamedResource {

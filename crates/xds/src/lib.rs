@@ -14,7 +14,7 @@ mod stream;
 #[cfg(test)]
 mod testing;
 
-pub use client::{ack, nack, Applied, ClientError, DeltaClient, LocalResource};
+pub use client::{ack, nack, validate_response, Applied, ClientError, DeltaClient, LocalResource};
 pub use resource::{Resource, ResourceMap};
 pub use snapshot::{ChangeSet, XdsSnapshot};
 pub use stream::{

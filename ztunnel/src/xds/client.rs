@@ -229,30 +229,15 @@ impl XdsClient {
 
 type Parts = (Vec<(String, Vec<u8>)>, Vec<String>);
 
-/// The updates and removals of a response, refusing what the protocol forbids (the same rules
-/// as [`DeltaClient::apply`]), before anything reaches the handler.
+/// The updates and removals of a response, refusing what the protocol forbids (the rules of
+/// [`mesh_xds::validate_response`]) before anything reaches the handler.
 fn extract(resp: &DeltaDiscoveryResponse) -> Result<Parts, ClientError> {
-    let mut updated = Vec::with_capacity(resp.resources.len());
-    for r in &resp.resources {
-        if r.name.is_empty() {
-            return Err(ClientError::UnnamedResource {
-                type_url: resp.type_url.clone(),
-            });
-        }
-        let Some(body) = &r.resource else {
-            return Err(ClientError::MissingBody {
-                name: r.name.clone(),
-            });
-        };
-        if body.type_url != resp.type_url {
-            return Err(ClientError::TypeMismatch {
-                name: r.name.clone(),
-                found: body.type_url.clone(),
-                type_url: resp.type_url.clone(),
-            });
-        }
-        updated.push((r.name.clone(), body.value.clone()));
-    }
+    mesh_xds::validate_response(resp)?;
+    let updated = resp
+        .resources
+        .iter()
+        .filter_map(|r| Some((r.name.clone(), r.resource.as_ref()?.value.clone())))
+        .collect();
     Ok((updated, resp.removed_resources.clone()))
 }
 
