@@ -12,7 +12,7 @@ use mesh_proto::envoy::pb::envoy::config::core::v3::Node;
 use mesh_proto::envoy::pb::google::rpc::Status as RpcStatus;
 use mesh_proto::type_url::{ADDRESS, AUTHORIZATION};
 use mesh_proto::workload::{address, Address, Workload};
-use mesh_xds::{ChangeSet, DeltaClient, Resource, ResourceMap, XdsSnapshot};
+use mesh_xds::{DeltaClient, Resource};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Server};
@@ -22,50 +22,7 @@ const WAIT: Duration = Duration::from_secs(10);
 
 // ---------------------------------------------------------------- test snapshot
 
-#[derive(Debug, Clone)]
-struct Snap {
-    version: u64,
-    created: Instant,
-    maps: BTreeMap<String, ResourceMap>,
-    history: Vec<(u64, ChangeSet)>,
-}
-
-impl XdsSnapshot for Snap {
-    fn version(&self) -> u64 {
-        self.version
-    }
-    fn resources(&self, type_url: &str) -> Option<&ResourceMap> {
-        self.maps.get(type_url)
-    }
-    fn changes_since(&self, version: u64) -> Option<ChangeSet> {
-        let mut out = ChangeSet::new();
-        let mut expect = version + 1;
-        for (v, cs) in self.history.iter().filter(|(v, _)| *v > version) {
-            if *v != expect {
-                return None;
-            }
-            expect += 1;
-            for (t, names) in cs {
-                out.entry(t.clone())
-                    .or_default()
-                    .extend(names.iter().cloned());
-            }
-        }
-        (expect == self.version + 1).then_some(out)
-    }
-    fn resolve_alias(&self, type_url: &str, alias: &str) -> Vec<String> {
-        let Some(map) = self.maps.get(type_url) else {
-            return Vec::new();
-        };
-        map.values()
-            .filter(|r| r.aliases.iter().any(|a| a == alias))
-            .map(|r| r.name.clone())
-            .collect()
-    }
-    fn created_at(&self) -> Option<Instant> {
-        Some(self.created)
-    }
-}
+use mesh_testutil::MemorySnapshot as Snap;
 
 /// A workload `name` with IP 10.0.0.`ip`, alias `net1/10.0.0.<ip>`; `pad` bytes of filler.
 fn workload(name: &str, ip: u8, rev: &str, pad: usize) -> Arc<Resource> {
@@ -95,49 +52,6 @@ fn policy(name: &str, rev: &str) -> Arc<Resource> {
         ..Default::default()
     };
     Arc::new(Resource::new(AUTHORIZATION, name, vec![], &p))
-}
-
-impl Snap {
-    fn new(resources: &[Arc<Resource>]) -> Snap {
-        let mut maps: BTreeMap<String, ResourceMap> = BTreeMap::new();
-        maps.insert(ADDRESS.to_string(), ResourceMap::new());
-        maps.insert(AUTHORIZATION.to_string(), ResourceMap::new());
-        for r in resources {
-            let map = maps.entry(r.body.type_url.clone()).or_default();
-            map.insert(r.name.clone(), Arc::clone(r));
-        }
-        Snap {
-            version: 1,
-            created: Instant::now(),
-            maps,
-            history: Vec::new(),
-        }
-    }
-
-    /// The next snapshot: `upsert` adds or replaces, `remove` deletes (type, name).
-    fn next(&self, upsert: &[Arc<Resource>], remove: &[(&str, &str)]) -> Snap {
-        let mut s = self.clone();
-        s.version += 1;
-        s.created = Instant::now();
-        let mut changes = ChangeSet::new();
-        for r in upsert {
-            let t = r.body.type_url.clone();
-            s.maps
-                .entry(t.clone())
-                .or_default()
-                .insert(r.name.clone(), Arc::clone(r));
-            changes.entry(t).or_default().insert(r.name.clone());
-        }
-        for (t, name) in remove {
-            s.maps.entry(t.to_string()).or_default().remove(*name);
-            changes
-                .entry(t.to_string())
-                .or_default()
-                .insert(name.to_string());
-        }
-        s.history.push((s.version, changes));
-        s
-    }
 }
 
 fn base() -> Snap {

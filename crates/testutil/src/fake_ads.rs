@@ -8,9 +8,7 @@
 //! and can be stopped and restarted on the same port so reconnects can be tested. Only
 //! `ADDRESS` and `AUTHORIZATION` are served; state-of-the-world ADS is refused.
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::{Hash, Hasher};
+use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,8 +20,9 @@ use mesh_proto::discovery::aggregated_discovery_service_server::{
 use mesh_proto::discovery::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use mesh_proto::type_url::{ADDRESS, AUTHORIZATION};
-use mesh_xds::{ChangeSet, DeltaStream, Resource, ResourceMap, XdsSnapshot};
+use mesh_xds::{DeltaStream, Resource, XdsSnapshot};
+
+use crate::MemorySnapshot;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -99,85 +98,19 @@ pub struct RecordedDeltaResponse {
     pub removed: Vec<String>,
 }
 
-/// The fake's snapshot: both served types, with the change history of every version.
-#[derive(Clone, Debug)]
-struct FakeSnapshot {
-    version: u64,
-    maps: BTreeMap<String, ResourceMap>,
-    history: BTreeMap<u64, ChangeSet>,
-}
-
-impl FakeSnapshot {
-    fn new() -> FakeSnapshot {
-        let maps = [ADDRESS, AUTHORIZATION]
-            .into_iter()
-            .map(|t| (t.to_string(), ResourceMap::new()))
-            .collect();
-        FakeSnapshot {
-            version: 1,
-            maps,
-            history: BTreeMap::new(),
+/// The next version of `snap` with `name` of `type_url` set to `body` (or removed for `None`).
+fn next(
+    snap: &MemorySnapshot,
+    type_url: &str,
+    name: &str,
+    body: Option<Vec<u8>>,
+) -> MemorySnapshot {
+    match body {
+        Some(value) => {
+            let resource = Resource::from_encoded(type_url, name, Vec::new(), value);
+            snap.next(&[Arc::new(resource)], &[])
         }
-    }
-
-    /// The next version, with `name` of `type_url` set to `body` (or removed for `None`).
-    fn next(&self, type_url: &str, name: &str, body: Option<Vec<u8>>) -> FakeSnapshot {
-        let mut next = self.clone();
-        next.version += 1;
-        let map = next.maps.entry(type_url.to_string()).or_default();
-        match body {
-            Some(value) => {
-                let resource = resource(type_url, name, value);
-                map.insert(name.to_string(), Arc::new(resource));
-            }
-            None => {
-                map.remove(name);
-            }
-        }
-        let names = BTreeSet::from([name.to_string()]);
-        let changes = ChangeSet::from([(type_url.to_string(), names)]);
-        next.history.insert(next.version, changes);
-        next
-    }
-}
-
-fn resource(type_url: &str, name: &str, value: Vec<u8>) -> Resource {
-    let mut hasher = DefaultHasher::new();
-    value.hash(&mut hasher);
-    Resource {
-        name: name.to_string(),
-        aliases: Vec::new(),
-        version: format!("{:016x}", hasher.finish()),
-        body: prost_types::Any {
-            type_url: type_url.to_string(),
-            value,
-        },
-    }
-}
-
-impl XdsSnapshot for FakeSnapshot {
-    fn version(&self) -> u64 {
-        self.version
-    }
-
-    fn resources(&self, type_url: &str) -> Option<&ResourceMap> {
-        self.maps.get(type_url)
-    }
-
-    fn changes_since(&self, version: u64) -> Option<ChangeSet> {
-        let mut out = ChangeSet::new();
-        for v in version + 1..=self.version {
-            for (type_url, names) in self.history.get(&v)? {
-                out.entry(type_url.clone())
-                    .or_default()
-                    .extend(names.iter().cloned());
-            }
-        }
-        Some(out)
-    }
-
-    fn resolve_alias(&self, _type_url: &str, _alias: &str) -> Vec<String> {
-        Vec::new()
+        None => snap.next(&[], &[(type_url, name)]),
     }
 }
 
@@ -191,7 +124,7 @@ struct Records {
 
 /// State shared by the fake's handle, its service and its connection tasks.
 struct Shared {
-    snapshots: watch::Sender<Arc<FakeSnapshot>>,
+    snapshots: watch::Sender<Arc<MemorySnapshot>>,
     records: Mutex<Records>,
 }
 
@@ -236,7 +169,7 @@ impl std::fmt::Debug for FakeAds {
 impl FakeAds {
     /// Starts a plaintext (h2c) server on 127.0.0.1 with an empty snapshot.
     pub async fn start() -> Result<FakeAds, FakeAdsError> {
-        let (snapshots, _) = watch::channel(Arc::new(FakeSnapshot::new()));
+        let (snapshots, _) = watch::channel(Arc::new(MemorySnapshot::new(&[])));
         let shared = Arc::new(Shared {
             snapshots,
             records: Mutex::new(Records::default()),
@@ -270,14 +203,14 @@ impl FakeAds {
         let body = body.into();
         self.shared
             .snapshots
-            .send_modify(|s| *s = Arc::new(s.next(type_url, name, Some(body))));
+            .send_modify(|s| *s = Arc::new(next(s, type_url, name, Some(body))));
     }
 
     /// Removes `name` of `type_url`: a new snapshot version.
     pub fn remove(&self, type_url: &str, name: &str) {
         self.shared
             .snapshots
-            .send_modify(|s| *s = Arc::new(s.next(type_url, name, None)));
+            .send_modify(|s| *s = Arc::new(next(s, type_url, name, None)));
     }
 
     /// The current snapshot's resources of `type_url`: name -> version.
@@ -448,7 +381,7 @@ struct Connection {
     id: u64,
     token: Option<String>,
     shared: Arc<Shared>,
-    snapshots: watch::Receiver<Arc<FakeSnapshot>>,
+    snapshots: watch::Receiver<Arc<MemorySnapshot>>,
     stream: DeltaStream,
     tx: mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>,
 }
@@ -493,7 +426,7 @@ impl Connection {
     }
 
     /// Records and answers one request; false if the stream is over.
-    async fn on_request(&mut self, req: &DeltaDiscoveryRequest, current: &FakeSnapshot) -> bool {
+    async fn on_request(&mut self, req: &DeltaDiscoveryRequest, current: &MemorySnapshot) -> bool {
         self.record(req);
         if current.resources(&req.type_url).is_none() {
             tracing::warn!(type_url = %req.type_url, "fake ADS: request for an unserved type");

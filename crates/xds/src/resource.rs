@@ -27,7 +27,17 @@ impl Resource {
         aliases: Vec<String>,
         message: &M,
     ) -> Resource {
-        let value = message.encode_to_vec();
+        Resource::from_encoded(type_url, name, aliases, message.encode_to_vec())
+    }
+
+    /// A resource from an already encoded body; the version is derived from the bytes as in
+    /// [`Resource::new`].
+    pub fn from_encoded(
+        type_url: &str,
+        name: impl Into<String>,
+        aliases: Vec<String>,
+        value: Vec<u8>,
+    ) -> Resource {
         let digest = Sha256::digest(&value);
         Resource {
             name: name.into(),

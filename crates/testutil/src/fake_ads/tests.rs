@@ -1,5 +1,6 @@
 use super::*;
 use mesh_proto::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use mesh_proto::type_url::ADDRESS;
 use mesh_xds::DeltaClient;
 
 async fn open(
