@@ -8,6 +8,8 @@ pub mod admin;
 pub mod certs;
 pub mod config;
 pub mod hbone;
+pub mod proxy;
 pub mod rbac;
+pub mod socket;
 pub mod state;
 pub mod xds;
