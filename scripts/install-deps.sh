@@ -6,6 +6,7 @@ set -euo pipefail
 APT_PACKAGES=(
   build-essential pkg-config ca-certificates curl
   iproute2 procps psmisc
+  nftables iperf3 netcat-openbsd
 )
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
