@@ -357,3 +357,40 @@ fn local_xds_errors_name_file_and_field() {
         .expect_err("missing file");
     assert_eq!(err.reason(), "local_read");
 }
+
+#[tokio::test]
+async fn shared_state_wakes_waiters_on_xds_changes() {
+    use crate::xds::Handler;
+    let shared = SharedState::default();
+    let waiter = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            shared
+                .wait_for(std::time::Duration::from_secs(5), |s| {
+                    s.workload_by_ip("net1", ip("10.0.0.9"))
+                        .map(|w| w.uid.clone())
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let body = encode_workload(workload("c//Pod/ns/late", &["10.0.0.9"]));
+    shared
+        .apply(
+            mesh_proto::type_url::ADDRESS,
+            &[("c//Pod/ns/late".into(), body)],
+            &[],
+        )
+        .expect("applied");
+    assert_eq!(
+        waiter.await.expect("join").as_deref(),
+        Some("c//Pod/ns/late")
+    );
+    // A lookup that never succeeds gives up at its timeout.
+    let none = shared
+        .wait_for(std::time::Duration::from_millis(30), |s| {
+            s.workload_by_ip("", ip("10.9.9.9")).map(|_| ())
+        })
+        .await;
+    assert!(none.is_none());
+}
