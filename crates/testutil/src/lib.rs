@@ -6,6 +6,7 @@ mod cluster_dir;
 mod fake_ads;
 mod fake_ca;
 mod memory_snapshot;
+pub mod netns;
 mod objects;
 mod pki;
 
@@ -13,5 +14,6 @@ pub use cluster_dir::ClusterDir;
 pub use fake_ads::{FakeAds, FakeAdsError, RecordedDeltaRequest, RecordedDeltaResponse};
 pub use fake_ca::{FakeCa, FakeCaError, RecordedRequest, IMPERSONATED_IDENTITY};
 pub use memory_snapshot::MemorySnapshot;
+pub use netns::{Netns, NetnsError, TestNet};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};
 pub use pki::TestPki;
