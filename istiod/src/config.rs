@@ -93,6 +93,16 @@ pub struct Config {
         default_value = "istiod.istio-system.svc,istiod.istio-system.svc.cluster.local,localhost"
     )]
     pub serving_dns_names: Vec<String>,
+
+    /// IP addresses on istiod's serving certificate (15012), for proxies that reach istiod by
+    /// address (the local mode has no cluster DNS).
+    #[arg(
+        long,
+        env = "ISTIOD_SERVING_IPS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1"
+    )]
+    pub serving_ips: Vec<std::net::IpAddr>,
 }
 
 /// Serializes durations as humantime strings ("100ms") in `/debug/config_dump`-style output.

@@ -1,7 +1,7 @@
 //! Wires istiod together: source -> debounce/model -> snapshots -> xDS (15010, 15012), CA
 //! (15012), debug (8080) and metrics (15014), with graceful shutdown.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -202,7 +202,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     let serving = ServingCerts::new(
         ca.clone(),
         config.serving_dns_names.clone(),
-        vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
+        config.serving_ips.clone(),
     )?;
     let tls = serving.server_config()?;
     // Renew istiod's own certificate at half-life until shutdown.

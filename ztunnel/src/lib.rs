@@ -7,6 +7,7 @@
 pub mod admin;
 pub mod certs;
 pub mod config;
+pub mod dns;
 pub mod hbone;
 pub mod proxy;
 pub mod rbac;
