@@ -9,6 +9,7 @@ pub mod certs;
 pub mod config;
 pub mod dns;
 pub mod hbone;
+pub mod inpod;
 pub mod proxy;
 pub mod rbac;
 pub mod socket;

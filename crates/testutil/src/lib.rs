@@ -5,6 +5,7 @@
 mod cluster_dir;
 mod fake_ads;
 mod fake_ca;
+mod fake_zds;
 mod memory_snapshot;
 pub mod netns;
 mod objects;
@@ -13,6 +14,9 @@ mod pki;
 pub use cluster_dir::ClusterDir;
 pub use fake_ads::{FakeAds, FakeAdsError, RecordedDeltaRequest, RecordedDeltaResponse};
 pub use fake_ca::{FakeCa, FakeCaError, RecordedRequest, IMPERSONATED_IDENTITY};
+pub use fake_zds::{
+    workload_info, AckResult, FakeZds, FakeZdsError, SnapshotItem, ACK_DEADLINE, CONNECT_WAIT,
+};
 pub use memory_snapshot::MemorySnapshot;
 pub use netns::{Netns, NetnsError, TestNet};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};
