@@ -16,6 +16,7 @@ use mesh_identity::{CertKey, CsrError, Identity, TlsError};
 mod client;
 mod der;
 mod manager;
+pub mod prefetch;
 
 pub use client::{
     CaClientConfig, GrpcCaClient, DEFAULT_CLUSTER_ID, DEFAULT_ROOT_CERT_PATH, DEFAULT_SECRET_TTL,

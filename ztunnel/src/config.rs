@@ -80,6 +80,8 @@ pub const POD_NAME: &str = "POD_NAME";
 pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
 /// ztunnel's own pod IP.
 pub const INSTANCE_IP: &str = "INSTANCE_IP";
+/// Data-plane worker threads (default: max(ceil(cores / 4), 2), as upstream without a CPU limit).
+pub const ZTUNNEL_WORKER_THREADS: &str = "ZTUNNEL_WORKER_THREADS";
 /// Set inside Kubernetes; selects the in-cluster istiod default.
 pub const KUBERNETES_SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
 
@@ -340,6 +342,8 @@ pub struct Config {
     /// How long connections may drain after SIGTERM.
     #[serde(serialize_with = "ser_duration")]
     pub termination_deadline: Duration,
+    /// Threads of the data-plane runtime.
+    pub worker_threads: usize,
     /// Identity of this ztunnel pod.
     pub self_info: SelfInfo,
     /// Well-known ports.
@@ -486,6 +490,7 @@ impl Config {
             local_xds_path: v.non_empty(LOCAL_XDS_PATH).map(PathBuf::from),
             xds_on_demand: v.bool(XDS_ON_DEMAND, false),
             termination_deadline: read_termination_deadline(v),
+            worker_threads: read_worker_threads(v),
             self_info: SelfInfo {
                 node_name: v.non_empty(NODE_NAME),
                 pod_name: v.non_empty(POD_NAME),
@@ -559,6 +564,23 @@ fn read_keepalive(v: &mut Vars) -> Keepalive {
 /// [`CONNECTION_TERMINATION_DEADLINE`] if set; else [`TERMINATION_GRACE_PERIOD_SECONDS`] minus
 /// 5 s (minus 1 s when the grace period is 10 s or less), leaving time before Kubernetes'
 /// SIGKILL; else [`DEFAULT_TERMINATION_DEADLINE`].
+fn read_worker_threads(v: &mut Vars) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let default = cores.div_ceil(4).max(2);
+    match v.parse::<usize>(ZTUNNEL_WORKER_THREADS, "a positive number of threads") {
+        Some(0) => {
+            v.errors.push(VarError::OutOfRange {
+                var: ZTUNNEL_WORKER_THREADS,
+                value: "0".to_string(),
+                why: "at least one worker thread is needed",
+            });
+            default
+        }
+        Some(n) => n,
+        None => default,
+    }
+}
+
 fn read_termination_deadline(v: &mut Vars) -> Duration {
     if let Some(d) = v.duration(CONNECTION_TERMINATION_DEADLINE) {
         return d;

@@ -149,6 +149,18 @@ impl CertManager {
         removed.is_some()
     }
 
+    /// Whether a currently valid certificate for `identity` is held (never starts a request).
+    pub fn has_valid(&self, identity: &Identity) -> bool {
+        self.lock().get(identity).is_some_and(|entry| {
+            entry
+                .state
+                .borrow()
+                .cert
+                .as_ref()
+                .is_some_and(|c| c.is_valid_at(SystemTime::now()))
+        })
+    }
+
     /// The identities held (in any state).
     pub fn identities(&self) -> Vec<Identity> {
         let mut ids: Vec<Identity> = self.lock().keys().cloned().collect();

@@ -197,3 +197,15 @@ fn serializes_camel_case_for_config_dump() {
     assert_eq!(json["packetMark"], 1337);
     assert_eq!(json["ports"]["inboundPlaintext"], 15006);
 }
+
+#[test]
+fn worker_threads_default_and_override() {
+    let c = Config::from_vars(Vec::<(String, String)>::new()).expect("defaults");
+    assert!(c.worker_threads >= 2);
+    let c = Config::from_vars([(ZTUNNEL_WORKER_THREADS.to_string(), "3".to_string())])
+        .expect("override");
+    assert_eq!(c.worker_threads, 3);
+    let err = Config::from_vars([(ZTUNNEL_WORKER_THREADS.to_string(), "0".to_string())])
+        .expect_err("zero");
+    assert!(err.to_string().contains(ZTUNNEL_WORKER_THREADS), "{err}");
+}

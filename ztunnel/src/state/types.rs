@@ -71,6 +71,21 @@ pub struct Service {
     pub visibility: pb::ServiceVisibility,
 }
 
+/// Trust domain of workloads that name none.
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+
+impl Workload {
+    /// The workload's SPIFFE identity (`cluster.local` when it names no trust domain).
+    pub fn identity(&self) -> Result<mesh_identity::Identity, mesh_identity::IdentityError> {
+        let td = if self.trust_domain.is_empty() {
+            DEFAULT_TRUST_DOMAIN
+        } else {
+            &self.trust_domain
+        };
+        mesh_identity::Identity::new(td, &self.namespace, &self.service_account)
+    }
+}
+
 impl Service {
     /// `namespace/hostname`.
     pub fn key(&self) -> String {
