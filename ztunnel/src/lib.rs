@@ -10,6 +10,7 @@ pub mod config;
 pub mod dns;
 pub mod hbone;
 pub mod inpod;
+pub mod metrics;
 pub mod proxy;
 pub mod rbac;
 pub mod socket;

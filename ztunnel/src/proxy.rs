@@ -2,6 +2,18 @@
 //! HBONE, 15053 DNS) and the connections they carry. The in-pod manager (`inpod`) binds the
 //! listeners inside the pod's netns and hands them, with the pod's [`SocketFactory`], to a
 //! [`PodProxyStarter`]; what it gets back is a [`PodProxy`] it drains when the pod leaves.
+//!
+//! [`Proxy`] is the starter: per pod it accepts on
+//! - 15001 ([`outbound`]): original destination, source workload = the pod, route per
+//!   COMPAT 1.3, HBONE (pooled, dialed from the pod's netns) or plain TCP;
+//! - 15008 ([`inbound`]): TLS with the certificate of the workload owning the local IP, SPIFFE
+//!   client certificate required, RBAC per `CONNECT`, target dialed from the pod's netns;
+//! - 15006 ([`plaintext`]): RBAC with no identity (STRICT mTLS denies), then passthrough;
+//! - 15053: the DNS proxy ([`serve_dns`]).
+//!
+//! Each connection is a task of the pod's task, so draining stops the listeners, lets open
+//! connections finish and aborts what is left at the deadline. Every proxied connection is
+//! counted in [`crate::metrics`] and logged (target `access`) when it ends.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdTcpListener, UdpSocket as StdUdpSocket};
@@ -13,6 +25,22 @@ use tokio::task::JoinHandle;
 
 use crate::config::Ports;
 use crate::socket::{SharedSocketFactory, SocketFactory};
+use crate::state::SharedState;
+
+mod headers;
+mod inbound;
+mod inputs;
+mod orig_dst;
+mod outbound;
+mod plaintext;
+pub mod route;
+
+pub use headers::{baggage, forwarded_for};
+pub use inputs::{h2_settings, Proxy, ProxyInputs, DEFAULT_WORKLOAD_WAIT};
+pub use orig_dst::{OriginalDst, SoOriginalDst, StaticOriginalDst};
+
+#[cfg(test)]
+mod tests;
 
 /// A pod handed to ztunnel by the node agent (ZDS `AddWorkload`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize)]
@@ -142,4 +170,76 @@ impl Drop for PodProxy {
             task.abort();
         }
     }
+}
+
+/// Why one proxied connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("cannot read the original destination: {0}; is the pod's traffic redirection (nftables REDIRECT) in place?")]
+    OriginalDst(#[source] io::Error),
+    #[error("timed out waiting for workload {ip} (pod {pod}) from xds after {waited:?}; is istiod reachable and does it know the pod?")]
+    WorkloadTimeout {
+        ip: std::net::IpAddr,
+        pod: String,
+        waited: Duration,
+    },
+    #[error("source IP {ip} belongs to workload {workload}, not to pod {pod}; is the pod's IP stale in xDS?")]
+    SourceMismatch {
+        ip: std::net::IpAddr,
+        pod: String,
+        workload: String,
+    },
+    #[error("no workload owns {ip}; refusing the connection (the listener serves only this pod's workloads)")]
+    UnknownDestination { ip: std::net::IpAddr },
+    #[error("{0}")]
+    Route(#[from] route::RouteError),
+    #[error("no certificate: {0}")]
+    Certificate(#[source] crate::certs::CertError),
+    #[error("cannot build the TLS configuration: {0}")]
+    Tls(#[source] mesh_identity::TlsError),
+    #[error("{0}")]
+    Hbone(#[source] crate::hbone::HboneError),
+    #[error("cannot connect to {addr}: {source}; is the destination listening on that port?")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{decision}")]
+    Denied { decision: crate::rbac::Decision },
+    #[error("{0}")]
+    Copy(#[source] crate::hbone::copy::CopyError),
+}
+
+impl ProxyError {
+    /// Short label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ProxyError::OriginalDst(_) => "original_dst",
+            ProxyError::WorkloadTimeout { .. } => "workload_timeout",
+            ProxyError::SourceMismatch { .. } => "source_mismatch",
+            ProxyError::UnknownDestination { .. } => "unknown_destination",
+            ProxyError::Route(e) => e.reason(),
+            ProxyError::Certificate(e) => e.reason(),
+            ProxyError::Tls(e) => e.reason(),
+            ProxyError::Hbone(e) => e.reason(),
+            ProxyError::Connect { .. } => "connect",
+            ProxyError::Denied { decision } => decision.reason(),
+            ProxyError::Copy(e) => e.reason(),
+        }
+    }
+}
+
+/// The pod's DNS proxy on its 15053 sockets ([`crate::dns::serve`]), until `drain` turns
+/// true. The one place the pod proxy calls into `dns`.
+pub(crate) async fn serve_dns(
+    pod: PodInfo,
+    state: SharedState,
+    sockets: SharedSocketFactory,
+    udp: StdUdpSocket,
+    tcp: StdTcpListener,
+    cluster_domain: String,
+    drain: watch::Receiver<bool>,
+) {
+    crate::dns::serve(pod, state, sockets, udp, tcp, cluster_domain, drain).await;
 }

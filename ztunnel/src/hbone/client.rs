@@ -22,6 +22,8 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 use tracing::Instrument;
 
+use crate::socket::{LocalSockets, SocketFactory};
+
 use super::{Empty, H2Settings, HboneError, BAGGAGE_HEADER, FORWARDED_HEADER, TRACEPARENT_HEADER};
 
 /// One `CONNECT` to send over a [`Connection`].
@@ -35,6 +37,8 @@ pub struct ConnectRequest {
     pub baggage: Option<String>,
     /// W3C trace context, if any.
     pub traceparent: Option<String>,
+    /// Service hostname the client addressed, sent as `forwarded: ...;host=<hostname>`.
+    pub forwarded_host: Option<String>,
 }
 
 impl ConnectRequest {
@@ -45,13 +49,18 @@ impl ConnectRequest {
             source,
             baggage: None,
             traceparent: None,
+            forwarded_host: None,
         }
     }
 
     /// The HTTP/2 request: `CONNECT` with `:authority` = target and the HBONE headers.
     pub fn to_http(&self) -> Result<Request<Empty>, HboneError> {
         let authority = self.target.to_string();
-        let forwarded = format!("for=\"{}\"", self.source);
+        let mut forwarded = format!("for=\"{}\"", self.source);
+        if let Some(host) = &self.forwarded_host {
+            forwarded.push_str(";host=");
+            forwarded.push_str(host);
+        }
         let mut builder = Request::builder()
             .method(Method::CONNECT)
             .version(Version::HTTP_2)
@@ -100,23 +109,36 @@ impl Connection {
     /// Dials `addr`, runs the TLS handshake with `tls` (which carries the source certificate
     /// and the expected destination identities) and the HTTP/2 handshake, all within
     /// `settings.handshake_timeout`.
+    /// The TCP connection is dialed in ztunnel's own network namespace.
     pub async fn connect(
         addr: SocketAddr,
         tls: Arc<ClientConfig>,
         settings: &H2Settings,
     ) -> Result<Self, HboneError> {
+        Self::connect_via(&LocalSockets::default(), addr, tls, settings).await
+    }
+
+    /// Like [`Connection::connect`], with the TCP socket made by `sockets` (for a pod: inside
+    /// its network namespace, carrying the ztunnel mark).
+    pub async fn connect_via(
+        sockets: &dyn SocketFactory,
+        addr: SocketAddr,
+        tls: Arc<ClientConfig>,
+        settings: &H2Settings,
+    ) -> Result<Self, HboneError> {
         let timeout = settings.handshake_timeout;
-        tokio::time::timeout(timeout, Self::handshake(addr, tls, settings))
+        tokio::time::timeout(timeout, Self::handshake(sockets, addr, tls, settings))
             .await
             .map_err(|_| HboneError::HandshakeTimeout { addr, timeout })?
     }
 
     async fn handshake(
+        sockets: &dyn SocketFactory,
         addr: SocketAddr,
         tls: Arc<ClientConfig>,
         settings: &H2Settings,
     ) -> Result<Self, HboneError> {
-        let tcp = TcpStream::connect(addr)
+        let tcp = crate::socket::connect(sockets, addr)
             .await
             .map_err(|source| HboneError::Dial { addr, source })?;
         if let Err(e) = tcp.set_nodelay(true) {

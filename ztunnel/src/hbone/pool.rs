@@ -1,12 +1,16 @@
 //! A simple HBONE connection pool: connections keyed by (source identity, destination
-//! identities, destination address), each carrying at most
+//! identities, source IP, destination address), each carrying at most
 //! [`H2Settings::max_streams_per_connection`] streams. No lock is held across a dial or a
 //! handshake, so two concurrent misses for one key may each open a connection; both are kept.
 //! Closed connections, and connections unused for `pool_unused_release_timeout`, are dropped
 //! at the next checkout for their key.
+//!
+//! The source IP is part of the key because, in shared mode, a connection is dialed from the
+//! source pod's network namespace ([`Pool::dial`] with that pod's socket factory): two pods
+//! must never share one.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -15,6 +19,7 @@ use rustls::ClientConfig;
 
 use super::client::{ConnectRequest, Connection, StreamSlot, Tunnel};
 use super::{H2Settings, HboneError};
+use crate::socket::{LocalSockets, SocketFactory};
 
 /// What makes two tunnels share a connection.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -23,18 +28,32 @@ pub struct PoolKey {
     pub src: Identity,
     /// Identities the destination may prove (sorted, deduplicated).
     pub dst_identities: Vec<Identity>,
+    /// IP of the source workload (`None`: connections dialed from ztunnel's own netns).
+    pub src_ip: Option<IpAddr>,
     /// The HBONE endpoint (`pod IP:15008`).
     pub dst: SocketAddr,
 }
 
 impl PoolKey {
-    /// A key; `dst_identities` is normalised so that order does not matter.
-    pub fn new(src: Identity, mut dst_identities: Vec<Identity>, dst: SocketAddr) -> Self {
+    /// A key for connections dialed from ztunnel's own network namespace; `dst_identities` is
+    /// normalised so that order does not matter.
+    pub fn new(src: Identity, dst_identities: Vec<Identity>, dst: SocketAddr) -> Self {
+        Self::for_source(src, None, dst_identities, dst)
+    }
+
+    /// A key for connections on behalf of the workload at `src_ip` (upstream's key).
+    pub fn for_source(
+        src: Identity,
+        src_ip: Option<IpAddr>,
+        mut dst_identities: Vec<Identity>,
+        dst: SocketAddr,
+    ) -> Self {
         dst_identities.sort();
         dst_identities.dedup();
         PoolKey {
             src,
             dst_identities,
+            src_ip,
             dst,
         }
     }
@@ -69,25 +88,48 @@ impl Pool {
         }
     }
 
-    /// Opens a tunnel for `request` on a pooled connection for `key`, dialing a new one with
-    /// `tls` (source certificate + `key.dst_identities` as expected SANs) when none has room.
+    /// Opens a tunnel for `request` on a pooled connection for `key`, dialing a new one (from
+    /// ztunnel's own network namespace) with `tls` (source certificate + `key.dst_identities`
+    /// as expected SANs) when none has room.
     pub async fn open(
         &self,
         key: &PoolKey,
         tls: Arc<ClientConfig>,
         request: &ConnectRequest,
     ) -> Result<Tunnel, HboneError> {
-        if let Some((conn, slot)) = self.checkout(key) {
-            tracing::trace!(dst = %key.dst, "reusing pooled HBONE connection");
-            return conn.open_reserved(request, slot).await;
+        if let Some(result) = self.reuse(key, request).await {
+            return result;
         }
-        let conn = Connection::connect(key.dst, tls, &self.settings).await?;
+        self.dial(&LocalSockets::default(), key, tls, request).await
+    }
+
+    /// Opens a tunnel on a pooled connection for `key` with room, if there is one.
+    pub async fn reuse(
+        &self,
+        key: &PoolKey,
+        request: &ConnectRequest,
+    ) -> Option<Result<Tunnel, HboneError>> {
+        let (conn, slot) = self.checkout(key)?;
+        tracing::trace!(dst = %key.dst, "reusing pooled HBONE connection");
+        Some(conn.open_reserved(request, slot).await)
+    }
+
+    /// Dials a new connection for `key` with a socket made by `sockets`, pools it and opens
+    /// the tunnel on it. No lock is held while dialing.
+    pub async fn dial(
+        &self,
+        sockets: &dyn SocketFactory,
+        key: &PoolKey,
+        tls: Arc<ClientConfig>,
+        request: &ConnectRequest,
+    ) -> Result<Tunnel, HboneError> {
+        let conn = Connection::connect_via(sockets, key.dst, tls, &self.settings).await?;
         let slot = conn.try_reserve(self.max_streams());
         self.lock().entry(key.clone()).or_default().push(Entry {
             conn: conn.clone(),
             last_used: Instant::now(),
         });
-        tracing::debug!(dst = %key.dst, src = %key.src, "new pooled HBONE connection");
+        tracing::debug!(dst = %key.dst, src = %key.src, src_ip = ?key.src_ip, "new pooled HBONE connection");
         match slot {
             Some(slot) => conn.open_reserved(request, slot).await,
             None => conn.open(request).await,

@@ -1,0 +1,259 @@
+//! Outbound (15001): connections a pod makes, redirected to its proxy. The original
+//! destination decides the route ([`super::route`]); the connection leaves from the pod's
+//! network namespace, over HBONE (pooled, with the source workload's certificate) or as plain
+//! TCP.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use mesh_identity::Identity;
+use tokio::net::TcpStream;
+
+use super::headers::baggage;
+use super::inputs::PodCtx;
+use super::route::{workload_identity, Route, Router, Upstream};
+use super::{PodInfo, ProxyError};
+use crate::hbone::{copy_bidirectional, ByteCounters, ConnectRequest, PoolKey, Tunnel};
+use crate::metrics::{
+    ConnectionInfo, ConnectionRecord, Direction, Outcome, Peer, ResponseFlags, SecurityPolicy,
+};
+use crate::state::Workload;
+
+/// Serves one accepted outbound connection to its end.
+pub(super) async fn serve(ctx: Arc<PodCtx>, tcp: TcpStream, peer: SocketAddr) {
+    let (src, orig_dst) = match identify(&ctx, &tcp, peer).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(src.addr = %peer, error = %e, reason = e.reason(), "outbound connection refused");
+            return;
+        }
+    };
+    let route = {
+        let state = ctx.inputs.state.read();
+        let router = Router {
+            state: &state,
+            network: &ctx.inputs.config.network,
+            hbone_port: ctx.inputs.config.ports.inbound,
+        };
+        router.route(&src.workload, orig_dst, &mut rand::rng())
+    };
+    let route = match route {
+        Ok(route) => route,
+        Err(e) => {
+            let record = ConnectionRecord::open(&ctx.inputs.metrics, src.info(peer, orig_dst));
+            let e = ProxyError::Route(e);
+            record.finish(Outcome::Failed {
+                flags: ResponseFlags::ConnectFailure,
+                error: &e,
+                transferred: Default::default(),
+            });
+            return;
+        }
+    };
+    let record = ConnectionRecord::open(&ctx.inputs.metrics, src.routed(peer, orig_dst, &route));
+    let counters = ByteCounters::default();
+    let result = proxy(&ctx, &src, tcp, peer, &route, &counters).await;
+    match result {
+        Ok(t) => record.finish(Outcome::Completed(t)),
+        Err((flags, e)) => record.finish(Outcome::Failed {
+            flags,
+            error: &e,
+            transferred: crate::hbone::Transferred {
+                sent: counters.sent(),
+                received: counters.received(),
+            },
+        }),
+    }
+}
+
+/// The source workload of a connection and its identity.
+pub(super) struct Source {
+    pub workload: Workload,
+    pub identity: Identity,
+}
+
+impl Source {
+    fn info(&self, peer: SocketAddr, dst: SocketAddr) -> ConnectionInfo {
+        ConnectionInfo {
+            direction: Direction::Outbound,
+            src_addr: peer,
+            src: Peer::of_workload(&self.workload, Some(self.identity.clone())),
+            dst_addr: dst,
+            hbone_addr: None,
+            dst: Peer::default(),
+            dst_service: None,
+            security: SecurityPolicy::None,
+        }
+    }
+
+    fn routed(&self, peer: SocketAddr, dst: SocketAddr, route: &Route) -> ConnectionInfo {
+        let mut info = self.info(peer, dst);
+        info.dst = match &route.dst_workload {
+            Some(w) => Peer::of_workload(w, route.dst_identity.clone()),
+            None => Peer::default(),
+        };
+        info.dst_service = route.dst_service.clone();
+        if let Upstream::Hbone { hbone_addr, .. } = &route.upstream {
+            info.hbone_addr = Some(*hbone_addr);
+            info.security = SecurityPolicy::MutualTls;
+        }
+        info
+    }
+}
+
+/// The original destination and the source workload (which must be this pod).
+async fn identify(
+    ctx: &PodCtx,
+    tcp: &TcpStream,
+    peer: SocketAddr,
+) -> Result<(Source, SocketAddr), ProxyError> {
+    let orig_dst = ctx
+        .inputs
+        .original_dst
+        .original_dst(tcp)
+        .map_err(ProxyError::OriginalDst)?;
+    let workload = source_workload(ctx, peer).await?;
+    let identity = workload_identity(&workload).map_err(ProxyError::Route)?;
+    Ok((Source { workload, identity }, orig_dst))
+}
+
+fn is_pod(w: &Workload, pod: &PodInfo) -> bool {
+    w.namespace == pod.namespace && w.name == pod.name && w.service_account == pod.service_account
+}
+
+/// The workload owning the connection's source IP, once xDS has sent it; it must be the pod.
+async fn source_workload(ctx: &PodCtx, peer: SocketAddr) -> Result<Workload, ProxyError> {
+    let network = &ctx.inputs.config.network;
+    let ip = peer.ip();
+    let found = ctx
+        .inputs
+        .state
+        .wait_for(ctx.inputs.workload_wait, |s| {
+            s.workload_by_ip(network, ip)
+                .filter(|w| is_pod(w, &ctx.pod))
+                .cloned()
+        })
+        .await;
+    if let Some(w) = found {
+        return Ok(w);
+    }
+    let other = ctx
+        .inputs
+        .state
+        .read()
+        .workload_by_ip(network, ip)
+        .map(|w| {
+            format!(
+                "{}/{} (service account {})",
+                w.namespace, w.name, w.service_account
+            )
+        });
+    Err(match other {
+        Some(workload) => ProxyError::SourceMismatch {
+            ip,
+            pod: ctx.pod.to_string(),
+            workload,
+        },
+        None => ProxyError::WorkloadTimeout {
+            ip,
+            pod: ctx.pod.to_string(),
+            waited: ctx.inputs.workload_wait,
+        },
+    })
+}
+
+type Failure = (ResponseFlags, ProxyError);
+
+async fn proxy(
+    ctx: &PodCtx,
+    src: &Source,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    route: &Route,
+    counters: &ByteCounters,
+) -> Result<crate::hbone::Transferred, Failure> {
+    let copy_err = |e| (ResponseFlags::None, ProxyError::Copy(e));
+    match &route.upstream {
+        Upstream::Tcp { addr } => {
+            let upstream =
+                crate::socket::connect(&*ctx.sockets, *addr)
+                    .await
+                    .map_err(|source| {
+                        let e = ProxyError::Connect {
+                            addr: *addr,
+                            source,
+                        };
+                        (ResponseFlags::ConnectFailure, e)
+                    })?;
+            copy_bidirectional(tcp, upstream, counters)
+                .await
+                .map_err(copy_err)
+        }
+        Upstream::Hbone {
+            hbone_addr,
+            authority,
+            identities,
+        } => {
+            let mut request = ConnectRequest::new(*authority, peer);
+            request.baggage = Some(baggage(&src.workload)).filter(|b| !b.is_empty());
+            request.forwarded_host = route.dst_service.as_ref().map(|s| s.hostname.clone());
+            let key = PoolKey::for_source(
+                src.identity.clone(),
+                Some(peer.ip()),
+                identities.clone(),
+                *hbone_addr,
+            );
+            let tunnel = open_tunnel(ctx, &key, &request).await.map_err(|e| {
+                let flags = match &e {
+                    ProxyError::Hbone(h) if h.status() == Some(http::StatusCode::UNAUTHORIZED) => {
+                        ResponseFlags::Denied
+                    }
+                    _ => ResponseFlags::ConnectFailure,
+                };
+                (flags, e)
+            })?;
+            copy_bidirectional(tcp, tunnel, counters)
+                .await
+                .map_err(copy_err)
+        }
+    }
+}
+
+/// A tunnel on a pooled connection, else on a new one dialed from the pod's netns with the
+/// source workload's certificate.
+async fn open_tunnel(
+    ctx: &PodCtx,
+    key: &PoolKey,
+    request: &ConnectRequest,
+) -> Result<Tunnel, ProxyError> {
+    let pool = &ctx.inputs.pool;
+    match pool.reuse(key, request).await {
+        Some(Ok(tunnel)) => return Ok(tunnel),
+        // The peer answered: that is the answer.
+        Some(Err(e)) if e.status().is_some() => return Err(ProxyError::Hbone(e)),
+        // The pooled connection died under us: dial a fresh one.
+        Some(Err(e)) => tracing::debug!(error = %e, "pooled HBONE connection failed; redialing"),
+        None => {}
+    }
+    let cert = ctx
+        .inputs
+        .certs
+        .fetch_certificate(&key.src)
+        .await
+        .map_err(ProxyError::Certificate)?;
+    let roots = cert
+        .root_pem()
+        .map(|pem| mesh_identity::tls::parse_certs(pem, "mesh root"))
+        .transpose()
+        .map_err(ProxyError::Tls)?
+        .unwrap_or_default();
+    let tls = mesh_identity::tls::client_config(
+        Some(cert.cert_key.clone()),
+        &roots,
+        key.dst_identities.clone(),
+    )
+    .map_err(ProxyError::Tls)?;
+    pool.dial(&*ctx.sockets, key, Arc::new(tls), request)
+        .await
+        .map_err(ProxyError::Hbone)
+}
