@@ -16,6 +16,9 @@ cargo fmt --all -- --check
 step "cargo clippy (deny warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "cargo build --bins (the e2e tests run the binaries as processes)"
+cargo build --workspace --bins --locked
+
 step "cargo test"
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$CARGO_TARGET_DIR/test-output.txt"
 

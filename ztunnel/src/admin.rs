@@ -3,16 +3,19 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use mesh_runtime::http::readiness_handler;
 use mesh_runtime::readiness::Readiness;
 use mesh_runtime::signal::ShutdownTrigger;
+use mesh_runtime::telemetry::LogControl;
 use serde_json::json;
 
 use crate::certs::CertManager;
 use crate::config::Config;
+use crate::inpod::InPodStatus;
 use crate::state::SharedState;
 
 /// What the admin endpoint shows and controls.
@@ -22,6 +25,10 @@ pub struct AdminView {
     pub state: SharedState,
     pub certs: Option<Arc<CertManager>>,
     pub shutdown: Arc<ShutdownTrigger>,
+    /// In-pod mode: the pods handed over by the node agent (`workloadState`).
+    pub inpod: Option<InPodStatus>,
+    /// Run-time log filter (`/logging`); `None` when logging is not reloadable (tests).
+    pub logging: Option<LogControl>,
 }
 
 impl std::fmt::Debug for AdminView {
@@ -36,6 +43,7 @@ pub fn admin_router(view: AdminView) -> Router {
         .route("/", get(index))
         .route("/config_dump", get(config_dump))
         .route("/quitquitquit", post(quit))
+        .route("/logging", get(logging).post(logging))
         .with_state(view)
 }
 
@@ -45,7 +53,7 @@ pub fn readiness_router(readiness: Readiness) -> Router {
 }
 
 async fn index() -> &'static str {
-    "ztunnel admin\n  /config_dump   workloads, services, policies, certificates, config\n  /quitquitquit  (POST) drain and exit\n"
+    "ztunnel admin\n  /config_dump   workloads, services, policies, certificates, config, workloadState\n  /logging       current log filter; POST /logging?level=<RUST_LOG filter> changes it\n  /quitquitquit  (POST) drain and exit\n"
 }
 
 /// The JSON `istioctl ztunnel-config` reads (camelCase keys as upstream).
@@ -63,8 +71,37 @@ async fn config_dump(State(view): State<AdminView>) -> Json<serde_json::Value> {
         "policies": dump.policies,
         "certificates": certificates,
         "config": view.config.as_ref(),
+        "workloadState": view.inpod.as_ref().map(InPodStatus::pods).unwrap_or_default(),
         "version": { "version": env!("CARGO_PKG_VERSION") },
     }))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct LoggingQuery {
+    level: Option<String>,
+}
+
+/// `GET /logging` shows the filter; `?level=` (GET or POST, as upstream) replaces it.
+async fn logging(
+    State(view): State<AdminView>,
+    Query(query): Query<LoggingQuery>,
+) -> (StatusCode, String) {
+    let Some(control) = &view.logging else {
+        return (
+            StatusCode::NOT_IMPLEMENTED,
+            "log level changes are not available in this process\n".to_string(),
+        );
+    };
+    if let Some(level) = query.level.as_deref() {
+        if let Err(e) = control.set(level) {
+            return (StatusCode::BAD_REQUEST, format!("{e}\n"));
+        }
+        tracing::info!(filter = level, "log filter changed through /logging");
+    }
+    (
+        StatusCode::OK,
+        format!("current log level is {}\n", control.current()),
+    )
 }
 
 async fn quit(State(view): State<AdminView>) -> &'static str {

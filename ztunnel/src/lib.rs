@@ -1,10 +1,14 @@
-//! ztunnel: the per-node L4 proxy of the ambient mesh (being built; see issue "ztunnel").
+//! ztunnel: the per-node L4 proxy of the ambient mesh.
 //!
-//! Landed so far: configuration (`config`), the proxy's view of the mesh fed by delta xDS
-//! (`state`, `xds`), L4 authorization (`rbac`), HBONE (`hbone`), workload certificates (`certs`),
-//! admin and readiness endpoints (`admin`).
+//! `app` wires the parts: configuration (`config`); the mesh as ztunnel sees it, fed by delta
+//! xDS (`state`, `xds`); workload certificates (`certs`); in-pod mode (`inpod`: pods handed
+//! over by the node agent over ZDS, sockets made inside their netns by `socket` factories);
+//! each pod's proxy (`proxy`: outbound 15001, inbound HBONE 15008, inbound plaintext 15006,
+//! DNS 15053 in `dns`); HBONE itself (`hbone`); L4 authorization (`rbac`); metrics and access
+//! logs (`metrics`); admin, readiness and `/config_dump` (`admin`).
 
 pub mod admin;
+pub mod app;
 pub mod certs;
 pub mod config;
 pub mod dns;

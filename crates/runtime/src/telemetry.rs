@@ -1,5 +1,7 @@
 //! Logging setup: `tracing` to stderr, `LOG_FORMAT=json|plain`, filter from `RUST_LOG`.
 
+use std::sync::{Arc, Mutex};
+
 use tracing_subscriber::{fmt, EnvFilter};
 
 /// Environment variable choosing the log format.
@@ -46,20 +48,87 @@ impl LogFormat {
 
 /// Installs the global subscriber from `LOG_FORMAT` and `RUST_LOG` (default `info`).
 pub fn init() -> Result<LogFormat, TelemetryError> {
+    init_with_control().map(|(format, _)| format)
+}
+
+/// Changes the log filter of the running process (admin `/logging`).
+#[derive(Clone)]
+pub struct LogControl {
+    current: Arc<Mutex<String>>,
+    apply: Arc<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>,
+}
+
+impl std::fmt::Debug for LogControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogControl")
+            .field("current", &self.current())
+            .finish()
+    }
+}
+
+impl LogControl {
+    /// The filter in force, as `RUST_LOG` would spell it.
+    pub fn current(&self) -> String {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the filter (`debug`, `info,access=debug`, ...). A bad filter changes nothing.
+    pub fn set(&self, filter: &str) -> Result<(), TelemetryError> {
+        let parsed = parse_filter(filter)?;
+        (self.apply)(parsed).map_err(TelemetryError::BadFilter)?;
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = filter.trim().to_string();
+        Ok(())
+    }
+}
+
+fn parse_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
+    EnvFilter::try_new(filter.trim()).map_err(|e| TelemetryError::BadFilter(e.to_string()))
+}
+
+/// [`init`], also returning a handle that changes the filter at run time.
+pub fn init_with_control() -> Result<(LogFormat, LogControl), TelemetryError> {
     let format = LogFormat::parse(std::env::var(LOG_FORMAT_ENV).ok().as_deref())?;
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.trim().is_empty() => {
-            EnvFilter::try_new(v).map_err(|e| TelemetryError::BadFilter(e.to_string()))?
-        }
-        _ => EnvFilter::new("info"),
+    let initial = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.trim().is_empty() => v.trim().to_string(),
+        _ => "info".to_string(),
     };
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let result = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Plain => builder.try_init(),
+    let filter = parse_filter(&initial)?;
+    type Apply = Arc<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>;
+    let (result, apply): (_, Apply) = match format {
+        LogFormat::Json => {
+            let builder = fmt()
+                .json()
+                .flatten_event(true)
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .with_filter_reloading();
+            let handle = builder.reload_handle();
+            (
+                builder.try_init(),
+                Arc::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
+            )
+        }
+        LogFormat::Plain => {
+            let builder = fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .with_filter_reloading();
+            let handle = builder.reload_handle();
+            (
+                builder.try_init(),
+                Arc::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
+            )
+        }
     };
     result.map_err(|_| TelemetryError::AlreadyInstalled)?;
-    Ok(format)
+    let control = LogControl {
+        current: Arc::new(Mutex::new(initial)),
+        apply,
+    };
+    Ok((format, control))
 }
 
 #[cfg(test)]

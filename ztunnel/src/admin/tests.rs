@@ -57,6 +57,8 @@ async fn config_dump_shows_state_and_config_and_quit_triggers_shutdown() {
         state,
         certs: None,
         shutdown: Arc::new(trigger),
+        inpod: None,
+        logging: None,
     };
     let (admin, _stop) = serve(admin_router(view)).await;
 

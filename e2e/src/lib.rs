@@ -1,0 +1,16 @@
+//! End-to-end harness: clusters of network namespaces on one machine (from
+//! `mesh_testutil::netns`) running the real binaries -- istiod, and one ztunnel per node --
+//! as processes, with the node agent's side of ZDS played by `mesh_testutil::FakeZds` until
+//! cni-node exists. Everything it starts is stopped when its handle drops.
+//!
+//! The binaries are found next to the test executable (`target/<profile>/`), so build them
+//! first: `cargo build --workspace --bins` (`scripts/test.sh` does).
+
+pub mod bins;
+pub mod http;
+pub mod istiod;
+pub mod probe;
+pub mod ztunnel;
+
+pub use istiod::Istiod;
+pub use ztunnel::Ztunnel;
