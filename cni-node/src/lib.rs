@@ -1,0 +1,11 @@
+//! cni-node: enrolls pods into the ambient mesh.
+//!
+//! - `istio-cni` (the CNI plugin, `plugin`): chained after the pod network plugins; on ADD it
+//!   tells the node agent about the pod over `/var/run/istio-cni/pluginevent.sock` (`event`)
+//!   and succeeds only once the pod is captured and ztunnel has acked it.
+//! - `cni-node` (the agent): decides which pods are enrolled, programs their in-pod
+//!   redirection (`redirect`), hands their netns to ztunnel over ZDS, and reconciles after
+//!   restarts.
+
+pub mod event;
+pub mod redirect;

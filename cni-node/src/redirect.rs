@@ -1,0 +1,56 @@
+//! In-pod traffic capture: the rules that send a pod's TCP into ztunnel's in-pod listeners
+//! (COMPAT.md section 2), behind one trait so nftables and eBPF are interchangeable.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+/// What redirection needs to know about a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodNetwork {
+    /// The pod's network namespace (`/var/run/netns/x`, `/proc/<pid>/ns/net`).
+    pub netns: PathBuf,
+    /// The pod's IPs.
+    pub ips: Vec<IpAddr>,
+    /// Also capture DNS (UDP/TCP 53) into ztunnel's DNS proxy on 15053.
+    pub dns_capture: bool,
+}
+
+/// Programs and removes a pod's capture. Implementations are all-or-nothing (a failed
+/// enroll leaves no rule behind) and idempotent (enrolling twice leaves one copy).
+pub trait Redirector: Send + Sync + 'static {
+    /// Installs the capture for `pod`.
+    fn enroll(&self, pod: &PodNetwork) -> Result<(), RedirectError>;
+    /// Removes it; absent rules (or a netns that is gone) are not an error.
+    fn unenroll(&self, pod: &PodNetwork) -> Result<(), RedirectError>;
+    /// Whether the complete capture is present.
+    fn is_enrolled(&self, pod: &PodNetwork) -> Result<bool, RedirectError>;
+    /// Short name for logs and status (`nftables`, `ebpf`).
+    fn name(&self) -> &'static str;
+}
+
+/// Why capture could not be changed.
+#[derive(Debug, thiserror::Error)]
+pub enum RedirectError {
+    #[error("cannot open the network namespace {path}: {source}; is the pod still running?")]
+    Netns {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("netlink request to {what} failed in {path}: {source}")]
+    Netlink {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RedirectError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            RedirectError::Netns { .. } => "netns",
+            RedirectError::Netlink { .. } => "netlink",
+        }
+    }
+}
