@@ -55,6 +55,15 @@ impl Cluster {
     }
 }
 
+impl Drop for Cluster {
+    /// Failed tests (and `MESH_E2E_LOGS=1`) print every process's log.
+    fn drop(&mut self) {
+        if std::thread::panicking() || std::env::var_os("MESH_E2E_LOGS").is_some() {
+            eprintln!("{}", self.logs());
+        }
+    }
+}
+
 /// (pod, node, namespace, service account, enrolled)
 const PODS: &[(&str, &str, &str, &str, bool)] = &[
     ("client", "node1", "demo", "client", true),
@@ -318,4 +327,53 @@ async fn strict_mtls_refuses_plaintext_and_istiod_restart_keeps_connections() {
     for z in &c.ztunnels {
         z.wait_ready(Duration::from_secs(10));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ztunnel_drains_on_sigterm_and_a_new_one_takes_the_pods_back() {
+    if !have_root("ztunnel_drains_on_sigterm_and_a_new_one_takes_the_pods_back") {
+        return;
+    }
+    let mut c = cluster("ztd").await;
+    let client = c.pod("client").netns().clone();
+    let server = c.server_addr();
+    assert_eq!(echo_until(&client, server, is_ok, CONVERGE), Echo::Ok);
+
+    // An open connection through node1's ztunnel; SIGTERM starts the drain. The process
+    // exits once the connection is closed at the termination deadline (5 s by default).
+    let established = client
+        .tcp_connect(server, Duration::from_secs(3))
+        .expect("connect");
+    assert_eq!(echo_on(&established), Echo::Ok);
+    let started = std::time::Instant::now();
+    let index = c
+        .ztunnels
+        .iter()
+        .position(|z| z.node() == "node1")
+        .expect("node1 ztunnel");
+    let clean = c.ztunnels[index].stop(Duration::from_secs(15));
+    let took = started.elapsed();
+    assert!(clean, "ztunnel exits cleanly after SIGTERM\n{}", c.logs());
+    assert!(
+        took < Duration::from_secs(8),
+        "drain bounded by the termination deadline, took {took:?}"
+    );
+    assert!(
+        matches!(echo_on(&established), Echo::Closed(_)),
+        "connections are closed once ztunnel is gone"
+    );
+    // With the capture rules in place and no ztunnel, new connections fail fast.
+    assert!(!matches!(echo(&client, server), Echo::Ok));
+
+    // A new ztunnel gets the pods from the node agent's snapshot and traffic flows again.
+    let restarted = std::time::Instant::now();
+    c.ztunnels[index].restart();
+    let got = echo_until(&client, server, is_ok, CONVERGE);
+    assert_eq!(got, Echo::Ok, "traffic after ztunnel restart\n{}", c.logs());
+    let back = restarted.elapsed();
+    eprintln!("traffic through the new ztunnel {back:?} after it was started");
+    assert!(
+        back < Duration::from_secs(5),
+        "pods back within 5 s, took {back:?}"
+    );
 }
