@@ -7,6 +7,7 @@
 //! first: `cargo build --workspace --bins` (`scripts/test.sh` does).
 
 pub mod bins;
+pub mod cni;
 pub mod http;
 pub mod istiod;
 pub mod probe;

@@ -347,6 +347,15 @@ impl TestNet {
         Ok(())
     }
 
+    /// A bare namespace (only `lo`, up) owned and cleaned up like the others, for pods whose
+    /// network a CNI plugin chain sets up. `name` must not clash with a node or pod.
+    pub fn add_bare_netns(&mut self, name: &str) -> Result<Netns, NetnsError> {
+        self.check_name(name)?;
+        let netns = self.create_netns(name)?;
+        cmd::ip_batch(Some(netns.name()), &["link set lo up".to_owned()])?;
+        Ok(netns)
+    }
+
     fn create_netns(&mut self, name: &str) -> Result<Netns, NetnsError> {
         let netns = Netns::from_name(format!("{}-{name}", self.prefix));
         self.state.record_netns(netns.name())?;
