@@ -8,6 +8,7 @@
 
 pub mod bins;
 pub mod cni;
+pub mod cluster;
 pub mod http;
 pub mod istiod;
 pub mod probe;
