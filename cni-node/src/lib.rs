@@ -8,4 +8,5 @@
 //!   restarts.
 
 pub mod event;
+pub mod plugin;
 pub mod redirect;
