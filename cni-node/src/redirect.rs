@@ -4,6 +4,22 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+mod host_probe;
+mod netlink;
+mod netns;
+mod nft;
+mod nftables;
+mod routes;
+#[cfg(test)]
+mod tests;
+
+pub use host_probe::{HostProbeConfig, HostProbeSnat, HOST_TABLE, PROBE_SET_V4, PROBE_SET_V6};
+pub use nftables::{
+    NftablesRedirector, DNS_CAPTURE_PORT, HBONE_PORT, INBOUND_CAPTURE_PORT, OUTBOUND_CAPTURE_PORT,
+    POD_TABLES, PROBE_SNAT_IPV4, PROBE_SNAT_IPV6, PROXY_MARK,
+};
+pub use routes::{CAPTURE_CONN_MARK, CAPTURE_ROUTE_TABLE, CAPTURE_RULE_PREF, MARK_MASK};
+
 /// What redirection needs to know about a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodNetwork {
@@ -44,6 +60,25 @@ pub enum RedirectError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path} is not a network namespace (setns: {source}); pass /var/run/netns/<name> or /proc/<pid>/ns/net")]
+    NotNetns {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start a thread to enter the network namespace {path}: {source}; is the agent out of threads or memory?")]
+    Thread {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("nftables refused `{op}` in {path}: {source}; nothing of the transaction was applied; does the kernel have nf_tables with nat, redir and ct support?")]
+    Nftables {
+        op: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl RedirectError {
@@ -51,6 +86,9 @@ impl RedirectError {
         match self {
             RedirectError::Netns { .. } => "netns",
             RedirectError::Netlink { .. } => "netlink",
+            RedirectError::NotNetns { .. } => "not_netns",
+            RedirectError::Thread { .. } => "thread",
+            RedirectError::Nftables { .. } => "nftables",
         }
     }
 }
