@@ -1,0 +1,255 @@
+//! Data-plane cost of ztunnel: the same client/server traffic direct (unenrolled pods) and
+//! through the mesh (client -> ztunnel node1 -> HBONE mTLS -> ztunnel node2 -> server), in
+//! network namespaces, in one run, with the real istiod and ztunnel processes of the e2e
+//! harness. Measures iperf3 throughput (1 and N streams), 1 KB ping-pong latency, connection
+//! churn, ztunnel CPU per phase, RSS idle / peak / with many idle connections, fds after they
+//! close; prints a table with the targets beside each figure (PASS/MISS, never asserted).
+//!
+//! Needs root and iperf3. Usage (bench/ztunnel-dataplane.sh builds release binaries and sets
+//! MESH_BIN_DIR): ztunnel-dataplane [--quick] [--iperf-secs 10 --streams 8
+//! --round-trips 20000 --churn-secs 5 --idle-conns 10000]
+
+mod iperf;
+mod load;
+mod mesh;
+mod procfs;
+mod report;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context};
+use clap::Parser;
+
+use crate::mesh::{Cluster, Path};
+use crate::report::{Pair, Results, Rss};
+
+#[derive(Parser, Debug, Clone)]
+pub struct Args {
+    /// Smoke mode: 1 s iperf3 runs, 1,000 round trips, 1 s of churn, 1,000 idle connections
+    /// (overrides the sizes below).
+    #[arg(long)]
+    quick: bool,
+    /// Seconds per iperf3 run.
+    #[arg(long, default_value_t = 10)]
+    iperf_secs: u64,
+    /// Parallel streams of the multi-stream iperf3 run.
+    #[arg(long, default_value_t = 8)]
+    streams: u32,
+    /// Measured ping-pong round trips.
+    #[arg(long, default_value_t = 20_000)]
+    round_trips: usize,
+    /// Unmeasured round trips first.
+    #[arg(long, default_value_t = 2_000)]
+    warmup: usize,
+    /// Ping-pong message size, bytes.
+    #[arg(long, default_value_t = 1024)]
+    payload: usize,
+    /// Seconds of connect / exchange / close.
+    #[arg(long, default_value_t = 5)]
+    churn_secs: u64,
+    /// Idle connections held open through the mesh.
+    #[arg(long, default_value_t = 10_000)]
+    idle_conns: usize,
+    /// Internal: run as the echo server on these ports (started inside the server pods).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    serve_echo: Vec<u16>,
+}
+
+impl Args {
+    fn effective(mut self) -> Args {
+        if self.quick {
+            self.iperf_secs = 1;
+            self.round_trips = 1_000;
+            self.warmup = 100;
+            self.churn_secs = 1;
+            self.idle_conns = 1_000;
+        }
+        self
+    }
+}
+
+/// The echo server's port for ping-pong and churn, and a second one for idle connections (so
+/// they never meet the churn phase's TIME_WAIT tuples).
+const ECHO_PORT: u16 = 9000;
+const IDLE_PORT: u16 = 9001;
+/// Bytes of the churn phase's one exchange.
+const CHURN_PAYLOAD: usize = 64;
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse().effective();
+    if !args.serve_echo.is_empty() {
+        return load::serve(&args.serve_echo);
+    }
+    if !mesh_testutil::netns::have_root("ztunnel-dataplane") {
+        bail!("the benchmark needs root (network namespaces, nftables)");
+    }
+    // This process holds the client end of every idle connection; both ztunnels and the echo
+    // server (which inherit the limit) one socket each.
+    let need = args.idle_conns as u64 + 1024;
+    if let Some(limit) = procfs::nofile_limit()? {
+        ensure!(
+            limit >= need,
+            "RLIMIT_NOFILE {limit} is too low for {} idle connections: `ulimit -n {need}` \
+             (bench/ztunnel-dataplane.sh raises it to the hard limit) or pass --idle-conns",
+            args.idle_conns
+        );
+    }
+    // The fake node agent runs on it.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let _enter = runtime.enter();
+    let results = run(&args)?;
+    report::print(&args, &results);
+    Ok(())
+}
+
+/// Servers in both server pods, kept until dropped.
+struct Servers {
+    _echo: Vec<load::EchoServer>,
+    _iperf: Vec<iperf::Server>,
+}
+
+fn start_servers(c: &Cluster, scratch: &std::path::Path) -> anyhow::Result<Servers> {
+    let mut echo = Vec::new();
+    let mut iperf = Vec::new();
+    for (what, path) in [("direct", &c.direct), ("mesh", &c.mesh)] {
+        echo.push(load::EchoServer::start(
+            &path.server,
+            &[ECHO_PORT, IDLE_PORT],
+        )?);
+        let log = scratch.join(format!("iperf3-server-{what}.log"));
+        iperf.push(iperf::Server::start(&path.server, &log)?);
+    }
+    Ok(Servers {
+        _echo: echo,
+        _iperf: iperf,
+    })
+}
+
+fn run(args: &Args) -> anyhow::Result<Results> {
+    let scratch = tempfile::tempdir()?;
+    eprintln!("starting the cluster (istiod, 2 ztunnels, 4 pods)");
+    let cluster = Cluster::start()?;
+    let _servers = start_servers(&cluster, scratch.path())?;
+    cluster.wait_paths(ECHO_PORT)?;
+    // Let start-up work (certificates, xDS) settle before the idle figures.
+    std::thread::sleep(Duration::from_secs(2));
+    let pids = cluster.ztunnel_pids;
+    let idle = Rss::read(&pids, procfs::rss_mib)?;
+    let mut results = traffic(args, &cluster, scratch.path())
+        .map_err(|e| e.context(format!("traffic phases failed; logs:\n{}", cluster.logs())))?;
+    results.rss_idle = idle;
+    results.rss_peak = Rss::read(&pids, procfs::peak_rss_mib)?;
+    idle_connections(args, &cluster, &mut results)
+        .map_err(|e| e.context(format!("idle phase failed; logs:\n{}", cluster.logs())))?;
+    Ok(results)
+}
+
+/// Runs `f` and returns its result with the CPU time both ztunnels used meanwhile.
+fn with_cpu<T>(pids: &[u32], f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, f64)> {
+    let before = procfs::cpu_total(pids)?;
+    let out = f()?;
+    let used = procfs::cpu_total(pids)?.saturating_sub(before);
+    Ok((out, used.as_secs_f64()))
+}
+
+/// Runs `f` on the direct path, then on the mesh path.
+fn both<T>(
+    c: &Cluster,
+    what: &str,
+    f: impl Fn(&Path) -> anyhow::Result<T>,
+) -> anyhow::Result<Pair<T>> {
+    let pids = c.ztunnel_pids;
+    eprintln!("{what}: direct");
+    let (direct, cpu_direct) = with_cpu(&pids, || f(&c.direct))?;
+    eprintln!("{what}: mesh");
+    let (mesh, cpu_mesh) = with_cpu(&pids, || f(&c.mesh))?;
+    Ok(Pair {
+        direct,
+        mesh,
+        cpu_direct,
+        cpu_mesh,
+    })
+}
+
+fn traffic(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Result<Results> {
+    let iperf = |streams: u32| {
+        move |p: &Path| iperf::run_client(&p.client, p.server_ip, args.iperf_secs, streams, scratch)
+    };
+    let single = both(c, "iperf3 1 stream", iperf(1))?;
+    let multi = both(
+        c,
+        &format!("iperf3 {} streams", args.streams),
+        iperf(args.streams),
+    )?;
+    let latency = both(c, "ping-pong", |p| {
+        let mut samples = load::round_trips(
+            &p.client,
+            p.server_addr(ECHO_PORT),
+            args.payload,
+            args.warmup,
+            args.round_trips,
+        )?;
+        Ok([50.0, 99.0].map(|q| mesh_bench::percentile(&mut samples, q)))
+    })?;
+    let churn_for = Duration::from_secs(args.churn_secs);
+    let churn = both(c, "connection churn", |p| {
+        load::connection_churn(
+            &p.client,
+            p.server_addr(ECHO_PORT),
+            CHURN_PAYLOAD,
+            churn_for,
+        )
+    })?;
+    Ok(Results {
+        single,
+        multi,
+        latency,
+        churn,
+        ..Results::default()
+    })
+}
+
+/// Holds `args.idle_conns` idle connections open through the mesh: RSS and fds of both
+/// ztunnels before, while open and after they close.
+fn idle_connections(args: &Args, c: &Cluster, results: &mut Results) -> anyhow::Result<()> {
+    let pids = c.ztunnel_pids;
+    results.fds_before = pids.map(|p| procfs::fd_count(p).unwrap_or(0));
+    eprintln!(
+        "opening {} idle connections through the mesh",
+        args.idle_conns
+    );
+    let start = Instant::now();
+    let open = load::open_idle(
+        &c.mesh.client,
+        c.mesh.server_addr(IDLE_PORT),
+        args.idle_conns,
+    )?;
+    results.idle_open_secs = start.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(1));
+    results.rss_idle_conns = Rss::read(&pids, procfs::rss_mib)?;
+    results.fds_open = pids.map(|p| procfs::fd_count(p).unwrap_or(0));
+    drop(open);
+    // Wait for both ztunnels to let go of them: back to the earlier count, or no change for
+    // 2 s, or 20 s.
+    let start = Instant::now();
+    let (mut last, mut stable_since) = ([usize::MAX; 2], Instant::now());
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = pids.map(|p| procfs::fd_count(p).unwrap_or(0));
+        if now != last {
+            (last, stable_since) = (now, Instant::now());
+        }
+        let back = now.iter().zip(&results.fds_before).all(|(n, b)| n <= b);
+        if back || stable_since.elapsed() > Duration::from_secs(2) || start.elapsed().as_secs() > 20
+        {
+            results.fds_after = now;
+            results.close_secs = start.elapsed().as_secs_f64();
+            break;
+        }
+    }
+    results.rss_after_close = Rss::read(&pids, procfs::rss_mib).context("RSS after close")?;
+    Ok(())
+}

@@ -1,0 +1,320 @@
+//! The results of one run and the printed table: direct | mesh | ratio, with the targets of
+//! the issue beside them (PASS/MISS, informational).
+
+use mesh_bench::print_table;
+
+use crate::iperf::Throughput;
+use crate::load::Churn;
+use crate::Args;
+
+/// One measurement on both paths, with the CPU both ztunnels used during each.
+#[derive(Debug, Default, Clone)]
+pub struct Pair<T> {
+    pub direct: T,
+    pub mesh: T,
+    /// ztunnel CPU seconds (both processes) while the direct run went on: should be ~0.
+    pub cpu_direct: f64,
+    pub cpu_mesh: f64,
+}
+
+/// A figure per ztunnel (node1, node2), MiB.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Rss(pub [f64; 2]);
+
+impl Rss {
+    pub fn read(pids: &[u32; 2], f: fn(u32) -> anyhow::Result<f64>) -> anyhow::Result<Rss> {
+        Ok(Rss([f(pids[0])?, f(pids[1])?]))
+    }
+
+    fn max(&self) -> f64 {
+        self.0[0].max(self.0[1])
+    }
+}
+
+impl std::fmt::Display for Rss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.1} / {:.1}", self.0[0], self.0[1])
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Results {
+    pub single: Pair<Throughput>,
+    pub multi: Pair<Throughput>,
+    /// p50, p99 in microseconds.
+    pub latency: Pair<[f64; 2]>,
+    pub churn: Pair<Churn>,
+    pub rss_idle: Rss,
+    pub rss_peak: Rss,
+    pub rss_idle_conns: Rss,
+    pub rss_after_close: Rss,
+    pub fds_before: [usize; 2],
+    pub fds_open: [usize; 2],
+    pub fds_after: [usize; 2],
+    pub idle_open_secs: f64,
+    pub close_secs: f64,
+}
+
+/// Targets of the issue.
+const MIN_SINGLE_STREAM_RATIO: f64 = 0.5;
+const MAX_ADDED_P50_US: f64 = 50.0;
+const MAX_ADDED_P99_US: f64 = 300.0;
+const MAX_IDLE_RSS_BYTES: f64 = 10e6;
+const MAX_CORES_PER_GBPS: f64 = 0.15;
+
+fn verdict(ok: bool) -> String {
+    if ok { "PASS" } else { "MISS" }.to_string()
+}
+
+fn row(cells: [&str; 6]) -> Vec<String> {
+    cells.iter().map(|c| c.to_string()).collect()
+}
+
+fn ratio(direct: f64, mesh: f64) -> String {
+    format!("{:.2}x", mesh / direct)
+}
+
+/// ztunnel CPU (both) per wall second, per Gbit/s received.
+fn cores_per_gbps(p: &Pair<Throughput>) -> f64 {
+    p.cpu_mesh / p.mesh.wall.as_secs_f64() / p.mesh.gbps()
+}
+
+fn throughput_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
+    let t = |p: &Pair<Throughput>| (p.direct.gbps(), p.mesh.gbps());
+    let (d1, m1) = t(&r.single);
+    let (dn, mn) = t(&r.multi);
+    let (c1, cn) = (cores_per_gbps(&r.single), cores_per_gbps(&r.multi));
+    let n = args.streams;
+    let retr = |p: &Pair<Throughput>| (p.direct.retransmits, p.mesh.retransmits);
+    let (rd1, rm1) = retr(&r.single);
+    let (rdn, rmn) = retr(&r.multi);
+    vec![
+        row([
+            "throughput, 1 stream (Gbit/s)",
+            &format!("{d1:.2}"),
+            &format!("{m1:.2}"),
+            &ratio(d1, m1),
+            ">= 0.50x direct",
+            &verdict(m1 / d1 >= MIN_SINGLE_STREAM_RATIO),
+        ]),
+        row([
+            &format!("throughput, {n} streams (Gbit/s)"),
+            &format!("{dn:.2}"),
+            &format!("{mn:.2}"),
+            &ratio(dn, mn),
+            "",
+            "",
+        ]),
+        row([
+            &format!("iperf3 retransmits, 1 / {n} streams"),
+            &format!("{rd1} / {rdn}"),
+            &format!("{rm1} / {rmn}"),
+            "",
+            "",
+            "",
+        ]),
+        row([
+            "ztunnel CPU cores per Gbit/s (both), 1 stream",
+            "-",
+            &format!("{c1:.3}"),
+            "",
+            "<= 0.15",
+            &verdict(c1 <= MAX_CORES_PER_GBPS),
+        ]),
+        row([
+            &format!("ztunnel CPU cores per Gbit/s (both), {n} streams"),
+            "-",
+            &format!("{cn:.3}"),
+            "",
+            "<= 0.15",
+            &verdict(cn <= MAX_CORES_PER_GBPS),
+        ]),
+    ]
+}
+
+fn latency_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
+    let [dp50, dp99] = r.latency.direct;
+    let [mp50, mp99] = r.latency.mesh;
+    let size = args.payload;
+    let (d, m) = (r.churn.direct, r.churn.mesh);
+    vec![
+        row([
+            &format!("{size} B round trip p50 (us)"),
+            &format!("{dp50:.1}"),
+            &format!("{mp50:.1} (+{:.1})", mp50 - dp50),
+            &ratio(dp50, mp50),
+            "+<= 50 us",
+            &verdict(mp50 - dp50 <= MAX_ADDED_P50_US),
+        ]),
+        row([
+            &format!("{size} B round trip p99 (us)"),
+            &format!("{dp99:.1}"),
+            &format!("{mp99:.1} (+{:.1})", mp99 - dp99),
+            &ratio(dp99, mp99),
+            "+<= 300 us",
+            &verdict(mp99 - dp99 <= MAX_ADDED_P99_US),
+        ]),
+        row([
+            "new connections per second",
+            &format!("{:.0}", d.per_second),
+            &format!("{:.0}", m.per_second),
+            &ratio(d.per_second, m.per_second),
+            "",
+            "",
+        ]),
+        row([
+            "  (failed connections)",
+            &d.failed.to_string(),
+            &m.failed.to_string(),
+            "",
+            "",
+            "",
+        ]),
+        row([
+            "connect + 64 B exchange + close p50 / p99 (us)",
+            &format!("{:.0} / {:.0}", d.setup_us[0], d.setup_us[1]),
+            &format!("{:.0} / {:.0}", m.setup_us[0], m.setup_us[1]),
+            &ratio(d.setup_us[0], m.setup_us[0]),
+            "",
+            "",
+        ]),
+        row([
+            "  of which connect() p50 (us)",
+            &format!("{:.0}", d.connect_p50_us),
+            &format!("{:.0}", m.connect_p50_us),
+            "",
+            "",
+            "",
+        ]),
+    ]
+}
+
+fn cpu_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
+    let cpu = |what: String, cd: f64, cm: f64| {
+        row([&what, &format!("{cd:.2}"), &format!("{cm:.2}"), "", "", ""])
+    };
+    vec![
+        cpu(
+            "ztunnel CPU s (both): iperf3 1 stream".into(),
+            r.single.cpu_direct,
+            r.single.cpu_mesh,
+        ),
+        cpu(
+            format!("ztunnel CPU s (both): iperf3 {} streams", args.streams),
+            r.multi.cpu_direct,
+            r.multi.cpu_mesh,
+        ),
+        cpu(
+            "ztunnel CPU s (both): ping-pong".into(),
+            r.latency.cpu_direct,
+            r.latency.cpu_mesh,
+        ),
+        cpu(
+            "ztunnel CPU s (both): connection churn".into(),
+            r.churn.cpu_direct,
+            r.churn.cpu_mesh,
+        ),
+    ]
+}
+
+fn memory_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
+    let idle_ok = r.rss_idle.max() * 1024.0 * 1024.0 <= MAX_IDLE_RSS_BYTES;
+    let fds = |f: [usize; 2]| format!("{} / {}", f[0], f[1]);
+    let n = args.idle_conns;
+    vec![
+        row([
+            "ztunnel RSS idle after start, node1 / node2 (MiB)",
+            "-",
+            &r.rss_idle.to_string(),
+            "",
+            "<= 10 MB (9.54 MiB)",
+            &verdict(idle_ok),
+        ]),
+        row([
+            "ztunnel peak RSS (VmHWM) after traffic (MiB)",
+            "-",
+            &r.rss_peak.to_string(),
+            "",
+            "",
+            "",
+        ]),
+        row([
+            &format!("ztunnel RSS with {n} idle mesh conns (MiB)"),
+            "-",
+            &r.rss_idle_conns.to_string(),
+            "",
+            "",
+            "",
+        ]),
+        row([
+            "ztunnel RSS after they close (MiB)",
+            "-",
+            &r.rss_after_close.to_string(),
+            "",
+            "",
+            "",
+        ]),
+        row([
+            &format!("ztunnel fds: before / {n} open / after close"),
+            "-",
+            &format!(
+                "{} | {} | {}",
+                fds(r.fds_before),
+                fds(r.fds_open),
+                fds(r.fds_after)
+            ),
+            "",
+            "before + pooled HBONE",
+            &verdict(no_fd_leak(n, r)),
+        ]),
+        row([
+            &format!("time to open {n} / release them (s)"),
+            "-",
+            &format!("{:.1} / {:.1}", r.idle_open_secs, r.close_secs),
+            "",
+            "",
+            "",
+        ]),
+    ]
+}
+
+/// Streams per pooled HBONE connection (`POOL_MAX_STREAMS_PER_CONNECTION` default).
+const POOL_STREAMS: usize = 100;
+
+/// After the idle connections close, each ztunnel is back to its earlier fd count except for
+/// the HBONE connections its pool keeps (until `POOL_UNUSED_RELEASE_TIMEOUT`, 5 min).
+fn no_fd_leak(idle_conns: usize, r: &Results) -> bool {
+    let pooled = idle_conns.div_ceil(POOL_STREAMS) + 2;
+    r.fds_after
+        .iter()
+        .zip(&r.fds_before)
+        .all(|(after, before)| *after <= before + pooled)
+}
+
+/// Prints the table (stdout).
+pub fn print(args: &Args, r: &Results) {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "\nztunnel data plane: direct = unenrolled pods node1 -> node2; mesh = client -> ztunnel \
+         -> HBONE -> ztunnel -> server.\n{cores} cores shared by everything (2 ztunnels with \
+         default ZTUNNEL_WORKER_THREADS, istiod, iperf3, this process). iperf3 {} s runs; \
+         {} round trips after {} warm-up; {} s of churn; {} idle connections.\n",
+        args.iperf_secs, args.round_trips, args.warmup, args.churn_secs, args.idle_conns
+    );
+    let mut rows = throughput_rows(args, r);
+    rows.extend(latency_rows(args, r));
+    rows.extend(cpu_rows(args, r));
+    rows.extend(memory_rows(args, r));
+    print_table(
+        &[
+            "metric",
+            "direct",
+            "mesh",
+            "mesh/direct",
+            "target",
+            "result",
+        ],
+        &rows,
+    );
+    println!("\nPASS/MISS is informational; nothing is asserted.");
+}
