@@ -3,11 +3,14 @@
 //!
 //! - [`server`]: terminates TLS with a caller-supplied rustls `ServerConfig` (client certificate
 //!   required), reads the peer's SPIFFE identity, serves HTTP/2 and, per `CONNECT`, asks a
-//!   [`server::Connector`] (policy + dial) for an upstream `TcpStream`; refusals map to 401/503.
+//!   [`server::Connector`] (policy + dial) for an upstream `TcpStream` and a per-tunnel
+//!   [`server::TunnelObserver`]; refusals map to 400/401/503. Graceful drain
+//!   ([`Server::drain`], [`Server::drained`]); dropping the server aborts its tunnels.
 //! - [`client`]: one TLS + HTTP/2 connection that multiplexes many `CONNECT` streams; each
 //!   accepted stream is an `AsyncRead + AsyncWrite` [`client::Tunnel`].
-//! - [`pool`]: connections keyed by (source identity, destination identities, destination
-//!   address), at most [`H2Settings::max_streams_per_connection`] streams each.
+//! - [`pool`]: connections keyed by (source identity, destination identities, source IP,
+//!   destination address), at most [`H2Settings::max_streams_per_connection`] streams each; the
+//!   source IP keeps pods from sharing a connection dialed from one pod's network namespace.
 //! - [`copy`]: bidirectional copy with half-close propagation and live byte counters.
 
 use std::convert::Infallible;
@@ -27,7 +30,9 @@ pub mod server;
 pub use client::{ConnectRequest, Connection, Tunnel};
 pub use copy::{copy_bidirectional, ByteCounters, Transferred};
 pub use pool::{Pool, PoolKey};
-pub use server::{Connector, InboundRequest, Refusal, Server};
+pub use server::{
+    Accepted, Connector, InboundRequest, Refusal, Server, TunnelEnd, TunnelError, TunnelObserver,
+};
 
 /// The HBONE port on every mesh pod.
 pub const HBONE_PORT: u16 = 15008;
@@ -51,7 +56,8 @@ pub struct H2Settings {
     pub max_concurrent_streams: u32,
     /// Streams a client puts on one pooled connection (`POOL_MAX_STREAMS_PER_CONNECTION`, 100).
     pub max_streams_per_connection: usize,
-    /// Largest request/response header block accepted, in bytes.
+    /// Largest request/response header block accepted, in bytes (64 KiB, as Istio's server).
+    /// A larger request gets 431 and `REFUSED_STREAM`; over 4× this, h2 closes the connection.
     pub max_header_list_size: u32,
     /// Deadline for the TCP connect plus TLS and HTTP/2 handshakes.
     pub handshake_timeout: Duration,
@@ -72,7 +78,7 @@ impl Default for H2Settings {
             max_frame_size: 1024 * 1024,
             max_concurrent_streams: 200,
             max_streams_per_connection: 100,
-            max_header_list_size: 16 * 1024,
+            max_header_list_size: 64 * 1024,
             handshake_timeout: Duration::from_secs(10),
             keepalive_interval: Some(Duration::from_secs(10)),
             keepalive_timeout: Duration::from_secs(20),
@@ -117,6 +123,8 @@ pub enum HboneError {
         #[source]
         source: hyper::Error,
     },
+    #[error("HBONE connection from {addr} closed because the server was shut down (drain deadline reached or proxy stopped)")]
+    Aborted { addr: std::net::SocketAddr },
     #[error("HTTP/2 connection with {addr} failed: {source}")]
     H2Connection {
         addr: std::net::SocketAddr,
@@ -162,7 +170,12 @@ fn status_hint(status: StatusCode) -> &'static str {
         StatusCode::SERVICE_UNAVAILABLE => {
             "the destination ztunnel could not reach the target; is the application listening on that port?"
         }
-        StatusCode::BAD_REQUEST => "the destination rejected the request as malformed",
+        StatusCode::BAD_REQUEST => {
+            "the destination rejected the request as malformed or not for its workload"
+        }
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => {
+            "the request headers are larger than the destination accepts (64 KiB)"
+        }
         _ => "unexpected HBONE response",
     }
 }
@@ -178,12 +191,14 @@ impl HboneError {
             HboneError::PeerIdentity { .. } => "peer_identity",
             HboneError::NoH2 { .. } => "no_h2",
             HboneError::H2Handshake { .. } => "h2_handshake",
+            HboneError::Aborted { .. } => "aborted",
             HboneError::H2Connection { .. } => "h2_connection",
             HboneError::Request { .. } => "request",
             HboneError::Status { status, .. } => match *status {
                 StatusCode::UNAUTHORIZED => "status_401",
                 StatusCode::SERVICE_UNAVAILABLE => "status_503",
                 StatusCode::BAD_REQUEST => "status_400",
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => "status_431",
                 _ => "status_other",
             },
             HboneError::Upgrade { .. } => "upgrade",

@@ -42,6 +42,10 @@ pub struct SocketOptions {
     pub reuse_port: bool,
     /// TCP keepalive on dialed sockets (`KEEPALIVE_*`).
     pub keepalive: Option<Keepalive>,
+    /// `IP_TRANSPARENT` on listeners, so they can accept connections whose destination is not
+    /// a local address (socket-assigning capture such as eBPF; upstream's in-pod listeners are
+    /// transparent too). Needs CAP_NET_ADMIN.
+    pub transparent: bool,
 }
 
 impl SocketOptions {
@@ -72,11 +76,18 @@ impl SocketOptions {
         socket.set_nonblocking(true)?;
         socket.set_cloexec(true)?;
         socket.set_reuse_address(true)?;
+        // Accepted sockets inherit it: small proxied writes must not wait for delayed ACKs.
+        socket.set_tcp_nodelay(true)?;
         if self.reuse_port {
             socket.set_reuse_port(true)?;
         }
         if addr.is_ipv6() {
             socket.set_only_v6(true)?;
+            if self.transparent {
+                socket.set_ip_transparent_v6(true)?;
+            }
+        } else if self.transparent {
+            socket.set_ip_transparent_v4(true)?;
         }
         self.apply_mark(&socket)?;
         socket.bind(&addr.into())?;

@@ -10,8 +10,12 @@ use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::copy::{copy_bidirectional, ByteCounters, CopyError, Transferred};
+use super::copy::{copy_bidirectional, ByteCounters, Transferred};
 use super::*;
+
+mod bad_input;
+mod lifecycle;
+mod raw_h2;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -21,44 +25,65 @@ fn id(sa: &str) -> Identity {
     Identity::new("cluster.local", "default", sa).expect("identity")
 }
 
-/// Records every request and finished tunnel; denies targets in `deny`, dials the rest.
+/// What a finished tunnel reported: its totals, or the failure's reason and partial totals.
+type Finished = (Identity, Result<Transferred, (&'static str, Transferred)>);
+
+/// Records every request, accepted tunnel and finished tunnel; answers 401 for targets in
+/// `deny`, 400 for targets in `bad`, dials the rest (after `delay`, if any).
 #[derive(Default)]
 struct Recorder {
     requests: Mutex<Vec<InboundRequest>>,
-    finished: Mutex<Vec<(Identity, Result<Transferred, String>)>>,
+    accepted: Mutex<usize>,
+    finished: Mutex<Vec<Finished>>,
     deny: Vec<SocketAddr>,
+    bad: Vec<SocketAddr>,
+    delay: Option<Duration>,
+}
+
+impl Recorder {
+    fn record(&self, peer: Identity, end: TunnelEnd) {
+        let result = match end.result {
+            Ok(()) => Ok(end.transferred),
+            Err(e) => Err((e.reason(), end.transferred)),
+        };
+        self.finished.lock().unwrap().push((peer, result));
+    }
 }
 
 impl Connector for Arc<Recorder> {
     fn connect(
         &self,
         request: InboundRequest,
-    ) -> server::BoxFuture<'static, Result<TcpStream, Refusal>> {
+    ) -> server::BoxFuture<'static, Result<Accepted, Refusal>> {
         self.requests.lock().unwrap().push(request.clone());
-        let denied = self.deny.contains(&request.target);
+        let this = self.clone();
         Box::pin(async move {
-            if denied {
+            if this.deny.contains(&request.target) {
                 return Err(Refusal::Denied {
                     reason: "test policy".into(),
                 });
             }
-            TcpStream::connect(request.target)
-                .await
-                .map_err(|source| Refusal::ConnectFailed {
+            if this.bad.contains(&request.target) {
+                return Err(Refusal::BadRequest {
+                    reason: "not this workload".into(),
+                });
+            }
+            if let Some(delay) = this.delay {
+                tokio::time::sleep(delay).await;
+            }
+            let upstream = TcpStream::connect(request.target).await.map_err(|source| {
+                Refusal::ConnectFailed {
                     target: request.target,
                     source,
-                })
+                }
+            })?;
+            *this.accepted.lock().unwrap() += 1;
+            let peer = request.peer_identity;
+            let recorder = this.clone();
+            Ok(Accepted::new(upstream, move |end: TunnelEnd| {
+                recorder.record(peer, end)
+            }))
         })
-    }
-
-    fn finished(
-        &self,
-        peer: &Identity,
-        _target: SocketAddr,
-        result: &Result<Transferred, CopyError>,
-    ) {
-        let result = result.as_ref().map(|t| *t).map_err(|e| e.to_string());
-        self.finished.lock().unwrap().push((peer.clone(), result));
     }
 }
 
@@ -85,16 +110,25 @@ struct Fixture {
     client_id: Identity,
     hbone: SocketAddr,
     recorder: Arc<Recorder>,
+    server: Arc<Server>,
 }
 
 impl Fixture {
     async fn start(deny: Vec<SocketAddr>, settings: H2Settings) -> Self {
+        Self::with_recorder(
+            Recorder {
+                deny,
+                ..Recorder::default()
+            },
+            settings,
+        )
+        .await
+    }
+
+    async fn with_recorder(recorder: Recorder, settings: H2Settings) -> Self {
         let mesh = Mesh::new();
         let server_id = id("server");
-        let recorder = Arc::new(Recorder {
-            deny,
-            ..Recorder::default()
-        });
+        let recorder = Arc::new(recorder);
         let server = Arc::new(Server::new(
             mesh.server_tls(&server_id),
             settings,
@@ -102,13 +136,14 @@ impl Fixture {
         ));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind hbone");
         let hbone = listener.local_addr().expect("hbone addr");
-        tokio::spawn(server.run(listener, std::future::pending()));
+        tokio::spawn(server.clone().run(listener, std::future::pending()));
         Fixture {
             mesh,
             server_id,
             client_id: id("client"),
             hbone,
             recorder,
+            server,
         }
     }
 
@@ -232,6 +267,27 @@ async fn policy_refusal_is_401() {
 }
 
 #[tokio::test]
+async fn refusal_as_bad_request_is_400() {
+    let echo = echo_server().await;
+    let fx = Fixture::with_recorder(
+        Recorder {
+            bad: vec![echo],
+            ..Recorder::default()
+        },
+        H2Settings::default(),
+    )
+    .await;
+    let conn = fx.connect().await;
+    let err = conn
+        .open(&ConnectRequest::new(echo, source()))
+        .await
+        .expect_err("bad request");
+    assert_eq!(err.status(), Some(http::StatusCode::BAD_REQUEST), "{err}");
+    assert_eq!(err.reason(), "status_400");
+    assert_eq!(*fx.recorder.accepted.lock().unwrap(), 0);
+}
+
+#[tokio::test]
 async fn dial_failure_is_503() {
     let closed = {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -248,50 +304,6 @@ async fn dial_failure_is_503() {
         Some(http::StatusCode::SERVICE_UNAVAILABLE),
         "{err}"
     );
-}
-
-fn raw_request(method: http::Method, uri: &str) -> http::Request<Empty> {
-    http::Request::builder()
-        .method(method)
-        .version(http::Version::HTTP_2)
-        .uri(uri)
-        .body(Empty)
-        .expect("request")
-}
-
-#[tokio::test]
-async fn malformed_authority_and_non_connect_are_400() {
-    let fx = Fixture::start(vec![], H2Settings::default()).await;
-    let conn = fx.connect().await;
-    for uri in ["echo.default.svc:8080", "127.0.0.1"] {
-        let err = conn
-            .send(raw_request(http::Method::CONNECT, uri))
-            .await
-            .expect_err("bad authority");
-        assert_eq!(
-            err.status(),
-            Some(http::StatusCode::BAD_REQUEST),
-            "{uri}: {err}"
-        );
-    }
-    let err = conn
-        .send(raw_request(http::Method::GET, "https://127.0.0.1:80/"))
-        .await
-        .expect_err("GET");
-    assert_eq!(err.status(), Some(http::StatusCode::BAD_REQUEST), "{err}");
-    assert!(fx.recorder.requests.lock().unwrap().is_empty());
-}
-
-#[tokio::test]
-async fn oversized_headers_are_rejected() {
-    let echo = echo_server().await;
-    let fx = Fixture::start(vec![], H2Settings::default()).await;
-    let conn = fx.connect().await;
-    let mut request = ConnectRequest::new(echo, source());
-    request.baggage = Some("x".repeat(64 * 1024));
-    let result = conn.open(&request).await;
-    assert!(result.is_err(), "a 64 KiB header block must be refused");
-    assert!(fx.recorder.requests.lock().unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -321,33 +333,6 @@ async fn twenty_concurrent_streams_share_one_connection() {
         .all(|r| r.peer_addr == requests[0].peer_addr));
     wait_for_finished(&fx.recorder, 20).await;
     assert_eq!(conn.active_streams(), 0);
-}
-
-#[tokio::test]
-async fn garbage_and_silent_connections_do_not_disturb_a_good_one() {
-    let echo = echo_server().await;
-    let fx = Fixture::start(vec![], H2Settings::default()).await;
-    let mut garbage = TcpStream::connect(fx.hbone).await.expect("garbage connect");
-    garbage
-        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\x01\x02 not tls at all")
-        .await
-        .expect("garbage write");
-    let _silent = TcpStream::connect(fx.hbone).await.expect("silent connect");
-
-    let conn = fx.connect().await;
-    let tunnel = conn
-        .open(&ConnectRequest::new(echo, source()))
-        .await
-        .expect("tunnel");
-    assert_eq!(round_trip(tunnel, b"good").await, b"good");
-
-    // The server closed the garbage connection (possibly after a TLS alert).
-    let mut rest = Vec::new();
-    let closed = tokio::time::timeout(WAIT, garbage.read_to_end(&mut rest)).await;
-    assert!(
-        closed.is_ok(),
-        "garbage connection must be closed by the server"
-    );
 }
 
 #[tokio::test]
@@ -470,7 +455,7 @@ fn connect_request_carries_authority_and_forwarded() {
 }
 
 #[tokio::test]
-async fn shutdown_stops_accepting_but_lets_open_tunnels_finish() {
+async fn shutdown_stops_accepting_and_run_returns_once_open_tunnels_finish() {
     let echo = echo_server().await;
     let mesh = Mesh::new();
     let server_id = id("server");
@@ -497,12 +482,22 @@ async fn shutdown_stops_accepting_but_lets_open_tunnels_finish() {
     tunnel.write_all(b"before ").await.expect("write");
 
     stop.send(()).expect("stop");
-    run.await.expect("run task").expect("run");
-    assert!(
-        Connection::connect(hbone, tls, &H2Settings::default())
-            .await
-            .is_err(),
-        "the listener is closed after shutdown"
-    );
+    tokio::time::timeout(WAIT, async {
+        while TcpStream::connect(hbone).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the listener is closed after shutdown");
+    assert!(!run.is_finished(), "run waits for the open tunnel");
     assert_eq!(round_trip(tunnel, b"after").await, b"before after");
+    tokio::time::timeout(WAIT, run)
+        .await
+        .expect("run returns once drained")
+        .expect("run task")
+        .expect("run");
+    // `run` held the only handle: the tunnel was reported before it returned.
+    let finished = recorder.finished.lock().unwrap().clone();
+    assert_eq!(finished.len(), 1);
+    assert!(finished[0].1.is_ok(), "{finished:?}");
 }

@@ -198,6 +198,7 @@ impl Pods {
             mark: self.config.packet_mark,
             reuse_port: self.config.inpod_port_reuse,
             keepalive: Some(self.config.keepalive),
+            transparent: true,
         };
         let sockets =
             InPodSockets::new(netns.clone(), options).map_err(|source| PodError::Netns {

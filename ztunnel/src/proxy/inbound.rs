@@ -5,37 +5,44 @@
 //! target from the pod's network namespace.
 //!
 //! One `Server` per (identity, certificate serial): a rotated certificate gets a new server,
-//! connections on the old one continue until they close.
+//! connections on the old one continue until they close. Each accepted tunnel carries its own
+//! metrics/access-log record ([`InboundTunnel`]), finished by the server exactly once.
 
-use std::collections::{HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use mesh_identity::tls::{parse_certs, server_config};
 use mesh_identity::{ClientAuth, Identity};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use super::headers::forwarded_for;
 use super::inputs::PodCtx;
 use super::route::{is_gateway, workload_identity};
 use super::ProxyError;
-use crate::hbone::copy::CopyError;
 use crate::hbone::server::BoxFuture;
-use crate::hbone::{Connector, InboundRequest, Refusal, Server, Transferred, FORWARDED_HEADER};
+use crate::hbone::{
+    Accepted, Connector, InboundRequest, Refusal, Server, Transferred, TunnelEnd, TunnelObserver,
+    FORWARDED_HEADER,
+};
 use crate::metrics::{
     ConnectionInfo, ConnectionRecord, Direction, Outcome, Peer, ResponseFlags, SecurityPolicy,
 };
 use crate::rbac;
 use crate::state::{State, Workload};
 
-/// The HBONE side of one pod proxy.
+/// The HBONE side of one pod proxy. Dropping it drops its servers, which aborts their
+/// tunnels (the pod's drain deadline).
 pub(super) struct HboneInbound {
     ctx: Arc<PodCtx>,
     connector: Arc<InboundConnector>,
     /// Current server per identity, with the serial of its certificate.
     servers: Mutex<HashMap<Identity, (String, Arc<Server>)>>,
-    /// Servers replaced after a rotation, still serving their connections.
-    retired: Mutex<Vec<Weak<Server>>>,
+    /// Servers replaced after a rotation, kept until nothing is open on them.
+    retired: Mutex<Vec<Arc<Server>>>,
+    /// Set by [`HboneInbound::drain`]: servers made later start drained.
+    draining: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -45,13 +52,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl HboneInbound {
     pub(super) fn new(ctx: Arc<PodCtx>) -> HboneInbound {
         HboneInbound {
-            connector: Arc::new(InboundConnector {
-                ctx: ctx.clone(),
-                open: Mutex::new(HashMap::new()),
-            }),
+            connector: Arc::new(InboundConnector { ctx: ctx.clone() }),
             ctx,
             servers: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
+            draining: AtomicBool::new(false),
         }
     }
 
@@ -110,40 +115,43 @@ impl HboneInbound {
             self.connector.clone(),
         ));
         let old = lock(&self.servers).insert(identity, (cert.serial.clone(), server.clone()));
-        if let Some((_, old)) = old {
+        {
             let mut retired = lock(&self.retired);
-            retired.retain(|w| w.strong_count() > 0);
-            retired.push(Arc::downgrade(&old));
+            // Only this list holds it and nothing is open on it: nobody can use it again.
+            retired.retain(|s| Arc::strong_count(s) > 1 || !s.is_idle());
+            retired.extend(old.map(|(_, old)| old));
+        }
+        // A connection accepted just before the pod's drain may get here after it.
+        if self.draining.load(Ordering::SeqCst) {
+            server.drain();
         }
         Ok(server)
     }
 
-    /// Tells every server's connections to finish: GOAWAY, in-flight tunnels continue.
-    ///
-    /// `hbone::Server` starts that drain only when its `run` loop stops, so each server runs
-    /// a loop on a throwaway listener whose shutdown is already due. (A `Server::drain()`
-    /// method in `hbone/server.rs` would make this direct.)
-    pub(super) async fn shutdown(&self) {
+    /// Every server, current and retired.
+    fn all_servers(&self) -> Vec<Arc<Server>> {
         let mut servers: Vec<Arc<Server>> = lock(&self.servers)
             .values()
             .map(|(_, s)| s.clone())
             .collect();
-        servers.extend(lock(&self.retired).iter().filter_map(Weak::upgrade));
-        for server in servers {
-            let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).and_then(|l| {
-                l.set_nonblocking(true)?;
-                TcpListener::from_std(l)
-            });
-            match listener {
-                Ok(listener) => {
-                    if let Err(e) = server.run(listener, std::future::ready(())).await {
-                        tracing::debug!(error = %e, "HBONE drain trigger failed");
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot start the HBONE drain; open HBONE connections will be closed at the deadline");
-                }
-            }
+        servers.extend(lock(&self.retired).iter().cloned());
+        servers
+    }
+
+    /// Tells every server's connections to finish: GOAWAY, in-flight tunnels continue.
+    /// Connections served from now on get a GOAWAY right after their handshake.
+    pub(super) fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        for server in self.all_servers() {
+            server.drain();
+        }
+    }
+
+    /// Completes once every server (drained with [`HboneInbound::drain`]) has no connection
+    /// or tunnel left, so that every tunnel's metrics and access log are recorded.
+    pub(super) async fn drained(&self) {
+        for server in self.all_servers() {
+            server.drained().await;
         }
     }
 }
@@ -151,9 +159,6 @@ impl HboneInbound {
 /// RBAC and dial for each `CONNECT`, and the connection's metrics and access log.
 pub(super) struct InboundConnector {
     ctx: Arc<PodCtx>,
-    /// Records of tunnels running, by (peer identity, target), oldest first: the server
-    /// reports a finished tunnel by those two only.
-    open: Mutex<HashMap<(Identity, SocketAddr), VecDeque<ConnectionRecord>>>,
 }
 
 /// What the state says about one `CONNECT`.
@@ -163,18 +168,27 @@ struct Decided {
 }
 
 impl InboundConnector {
-    fn decide(&self, state: &State, req: &InboundRequest) -> Result<Decided, ProxyError> {
+    /// The destination workload (the one owning the connection's local IP, which the target
+    /// must belong to), the RBAC decision and the connection's labels.
+    fn decide(&self, state: &State, req: &InboundRequest) -> Result<Decided, Refusal> {
         let network = &self.ctx.inputs.config.network;
-        let local = state.workload_by_ip(network, req.local_addr.ip()).ok_or(
-            ProxyError::UnknownDestination {
-                ip: req.local_addr.ip(),
-            },
-        )?;
+        let local_ip = req.local_addr.ip();
+        // The certificate was chosen by this IP, so its workload only vanishes on a race
+        // with xDS: 503, as upstream.
+        let local =
+            state
+                .workload_by_ip(network, local_ip)
+                .ok_or_else(|| Refusal::Unavailable {
+                    reason: ProxyError::UnknownDestination { ip: local_ip }.to_string(),
+                })?;
         let dst = state
             .workload_by_ip(network, req.target.ip())
             .filter(|w| w.uid == local.uid)
-            .ok_or(ProxyError::UnknownDestination {
-                ip: req.target.ip(),
+            .ok_or_else(|| Refusal::BadRequest {
+                reason: format!(
+                    "target {} is not an address of workload {}/{} (which owns {local_ip}); HBONE to a pod may only target that pod",
+                    req.target, local.namespace, local.name
+                ),
             })?;
         let forwarded = req
             .headers
@@ -224,19 +238,12 @@ impl InboundConnector {
         Ok(Decided { info, decision })
     }
 
-    async fn authorize_and_dial(&self, req: InboundRequest) -> Result<TcpStream, Refusal> {
+    async fn authorize_and_dial(&self, req: InboundRequest) -> Result<Accepted, Refusal> {
         let decided = {
             let state = self.ctx.inputs.state.read();
             self.decide(&state, &req)
         };
-        let Decided { info, decision } = match decided {
-            Ok(d) => d,
-            Err(e) => {
-                return Err(Refusal::Denied {
-                    reason: e.to_string(),
-                })
-            }
-        };
+        let Decided { info, decision } = decided?;
         let record = ConnectionRecord::open(&self.ctx.inputs.metrics, info);
         if !decision.is_allowed() {
             let reason = decision.to_string();
@@ -249,13 +256,7 @@ impl InboundConnector {
             return Err(Refusal::Denied { reason });
         }
         match crate::socket::connect(&*self.ctx.sockets, req.target).await {
-            Ok(upstream) => {
-                lock(&self.open)
-                    .entry((req.peer_identity, req.target))
-                    .or_default()
-                    .push_back(record);
-                Ok(upstream)
-            }
+            Ok(upstream) => Ok(Accepted::new(upstream, InboundTunnel { record })),
             Err(source) => {
                 let e = ProxyError::Connect {
                     addr: req.target,
@@ -272,6 +273,25 @@ impl InboundConnector {
                 })
             }
         }
+    }
+}
+
+/// The metrics and access-log record of one accepted tunnel, finished with its end.
+struct InboundTunnel {
+    record: ConnectionRecord,
+}
+
+impl TunnelObserver for InboundTunnel {
+    fn finished(self: Box<Self>, end: TunnelEnd) {
+        let outcome = match &end.result {
+            Ok(()) => Outcome::Completed(end.transferred),
+            Err(error) => Outcome::Failed {
+                flags: ResponseFlags::None,
+                error,
+                transferred: end.transferred,
+            },
+        };
+        self.record.finish(outcome);
     }
 }
 
@@ -293,36 +313,8 @@ fn from_waypoint(state: &State, dst: &Workload, peer_ip: IpAddr) -> bool {
 }
 
 impl Connector for Arc<InboundConnector> {
-    fn connect(&self, request: InboundRequest) -> BoxFuture<'static, Result<TcpStream, Refusal>> {
+    fn connect(&self, request: InboundRequest) -> BoxFuture<'static, Result<Accepted, Refusal>> {
         let this = self.clone();
         Box::pin(async move { this.authorize_and_dial(request).await })
-    }
-
-    fn finished(
-        &self,
-        peer: &Identity,
-        target: SocketAddr,
-        result: &Result<Transferred, CopyError>,
-    ) {
-        let record = {
-            let mut open = lock(&self.open);
-            let key = (peer.clone(), target);
-            let record = open.get_mut(&key).and_then(VecDeque::pop_front);
-            if open.get(&key).is_some_and(VecDeque::is_empty) {
-                open.remove(&key);
-            }
-            record
-        };
-        let Some(record) = record else {
-            return;
-        };
-        match result {
-            Ok(t) => record.finish(Outcome::Completed(*t)),
-            Err(e) => record.finish(Outcome::Failed {
-                flags: ResponseFlags::None,
-                error: e,
-                transferred: Transferred::default(),
-            }),
-        }
     }
 }

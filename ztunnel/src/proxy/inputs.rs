@@ -190,10 +190,12 @@ async fn run_pod(
     }
     drop(listeners);
     tracing::info!(open = conns.len(), "pod proxy draining: listeners closed");
-    hbone.shutdown().await;
+    hbone.drain();
     while let Some(done) = conns.join_next().await {
         log_join(done);
     }
+    // HBONE tunnels outlive their connection task by their final bookkeeping.
+    hbone.drained().await;
     tracing::info!("pod proxy drained");
 }
 

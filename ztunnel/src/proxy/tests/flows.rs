@@ -419,3 +419,123 @@ async fn drain_stops_accepting_finishes_open_connections_then_aborts_at_deadline
     );
     assert!(rest.is_empty());
 }
+
+#[tokio::test]
+async fn hbone_target_outside_the_pod_is_400_not_401() {
+    let mesh = Mesh::new();
+    let (b, c) = (ip(30, 2), ip(30, 3));
+    mesh.add_workload(workload(
+        "server",
+        b,
+        "server-sa",
+        pb::TunnelProtocol::Hbone,
+    ));
+    mesh.add_workload(workload("other", c, "other-sa", pb::TunnelProtocol::Hbone));
+    let _pod = mesh.start_pod(b, "server", "server-sa");
+    let echo = echo_server(SocketAddr::new(b, APP_PORT), b"").await;
+    let tls = mesh
+        .pki
+        .client_tls(Some(&id("client-sa")), vec![id("server-sa")]);
+    let conn = Connection::connect(SocketAddr::new(b, HBONE_PORT), tls, &H2Settings::default())
+        .await
+        .expect("HBONE connection to the pod");
+    let source: SocketAddr = "127.30.0.9:5000".parse().expect("addr");
+    for target in [
+        SocketAddr::new(c, APP_PORT),
+        SocketAddr::new(ip(30, 99), APP_PORT),
+    ] {
+        let err = conn
+            .open(&ConnectRequest::new(target, source))
+            .await
+            .expect_err("not this pod's workload");
+        assert_eq!(
+            err.status(),
+            Some(http::StatusCode::BAD_REQUEST),
+            "{target}: {err}"
+        );
+    }
+    let tunnel = conn
+        .open(&ConnectRequest::new(echo, source))
+        .await
+        .expect("the pod's own target");
+    assert_eq!(round_trip_tunnel(tunnel, b"own").await, b"own");
+}
+
+async fn round_trip_tunnel(mut tunnel: hbone::Tunnel, payload: &[u8]) -> Vec<u8> {
+    tunnel.write_all(payload).await.expect("write");
+    tunnel.shutdown().await.expect("half-close");
+    let mut back = Vec::new();
+    tokio::time::timeout(WAIT, tunnel.read_to_end(&mut back))
+        .await
+        .expect("echo in time")
+        .expect("read");
+    back
+}
+
+#[tokio::test]
+async fn inbound_tunnel_open_at_the_drain_deadline_is_closed_and_recorded() {
+    let mesh = Mesh::new();
+    let b = ip(31, 2);
+    mesh.add_workload(workload(
+        "server",
+        b,
+        "server-sa",
+        pb::TunnelProtocol::Hbone,
+    ));
+    let mut pod = mesh.start_pod(b, "server", "server-sa");
+    // An application that never answers and reports what it read once closed.
+    let app = TcpListener::bind(SocketAddr::new(b, APP_PORT))
+        .await
+        .expect("bind app");
+    let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut tcp, _) = app.accept().await.expect("accept");
+        let mut seen = Vec::new();
+        let _ = tcp.read_to_end(&mut seen).await;
+        let _ = closed_tx.send(seen);
+    });
+    let tls = mesh
+        .pki
+        .client_tls(Some(&id("client-sa")), vec![id("server-sa")]);
+    let conn = Connection::connect(SocketAddr::new(b, HBONE_PORT), tls, &H2Settings::default())
+        .await
+        .expect("HBONE connection to the pod");
+    let source: SocketAddr = "127.31.0.9:5000".parse().expect("addr");
+    let mut tunnel = conn
+        .open(&ConnectRequest::new(SocketAddr::new(b, APP_PORT), source))
+        .await
+        .expect("tunnel");
+    tunnel.write_all(b"partial").await.expect("write");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let started = Instant::now();
+    pod.take().drain(Duration::from_millis(300)).await;
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let seen = tokio::time::timeout(WAIT, closed)
+        .await
+        .expect("the application's connection is closed at the deadline")
+        .expect("app task");
+    assert_eq!(seen, b"partial");
+    let closed_line = mesh
+        .metric_line(&[
+            "istio_tcp_connections_closed_total{",
+            "reporter=\"destination\"",
+            "destination_workload=\"server\"",
+        ])
+        .await;
+    assert!(closed_line.ends_with(" 1"), "{closed_line}");
+    mesh.metric_line(&[
+        "istio_tcp_received_bytes_total{",
+        "reporter=\"destination\"",
+    ])
+    .await;
+    let render = mesh.render();
+    assert!(
+        render
+            .lines()
+            .any(|l| l.starts_with("istio_tcp_received_bytes_total{")
+                && l.contains("reporter=\"destination\"")
+                && l.ends_with(" 7")),
+        "the aborted tunnel's bytes are counted:\n{render}"
+    );
+}
