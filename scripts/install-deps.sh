@@ -7,7 +7,7 @@ APT_PACKAGES=(
   build-essential pkg-config ca-certificates curl
   iproute2 procps psmisc
   nftables iperf3 netcat-openbsd
-  containernetworking-plugins
+  containernetworking-plugins clang
 )
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }

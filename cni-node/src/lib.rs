@@ -7,6 +7,11 @@
 //!   redirection (`redirect`), hands their netns to ztunnel over ZDS, and reconciles after
 //!   restarts.
 
+pub mod agent;
+pub mod config;
 pub mod event;
 pub mod plugin;
 pub mod redirect;
+pub mod selection;
+pub mod state;
+pub mod zds_server;

@@ -1,6 +1,218 @@
-//! cni-node agent binary (being built).
+//! `cni-node`: the istio-cni node agent for ambient mode.
+//!
+//! ```text
+//! cni-node [run] [--cluster-config-dir DIR]      run the agent (configuration: cni_node::config)
+//! cni-node status [--state-dir DIR] [-o table|json]   the pods the agent knows and their
+//!                                                     ambient.istio.io/redirection status
+//! ```
+//!
+//! The agent watches the cluster YAML directory (`CLUSTER_CONFIG_DIR`), serves the plugin's
+//! events (`PLUGIN_EVENT_SOCKET`) and ztunnel's ZDS connections (`INPOD_UDS`), keeps its pod
+//! records in `AGENT_STATE_DIR`, and answers `/readyz` (`AGENT_READINESS_ADDR`) once the
+//! source synced and the recorded pods were reconciled. SIGTERM/SIGINT stop it and leave
+//! every pod's capture in place (as upstream: a restarted agent picks them up again).
 
-fn main() {
-    eprintln!("cni-node: the node agent is not built yet");
-    std::process::exit(1);
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use cni_node::agent::{serve_probes, Agent, AgentOptions};
+use cni_node::config::{Config, RedirectionMode, AGENT_STATE_DIR, DEFAULT_STATE_DIR};
+use cni_node::event::{self, CniAddHandler};
+use cni_node::redirect::{
+    HostProbeConfig, HostProbeSnat, NftablesRedirector, Redirector, WithProbeSnat,
+};
+use cni_node::state::{render_table, StateStore};
+use cni_node::zds_server::ZdsServer;
+use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource};
+use tracing::{error, info};
+
+const USAGE: &str = "usage:
+  cni-node [run] [--cluster-config-dir DIR]
+  cni-node status [--state-dir DIR] [-o table|json]";
+
+#[derive(Debug)]
+enum Command {
+    Run { cluster_dir: Option<PathBuf> },
+    Status { state_dir: PathBuf, json: bool },
+    Help,
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match parse_args(&args) {
+        Ok(Command::Help) => {
+            println!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        Ok(Command::Status { state_dir, json }) => status(&state_dir, json),
+        Ok(Command::Run { cluster_dir }) => run(cluster_dir),
+        Err(message) => {
+            eprintln!("cni-node: {message}\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn parse_args(args: &[String]) -> Result<Command, String> {
+    let (command, rest) = match args.first().map(String::as_str) {
+        Some("status") => ("status", &args[1..]),
+        Some("run") => ("run", &args[1..]),
+        _ => ("run", args),
+    };
+    let mut cluster_dir = None;
+    let mut state_dir = None;
+    let mut json = false;
+    let mut it = rest.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match (command, arg.as_str()) {
+            (_, "-h" | "--help") => return Ok(Command::Help),
+            ("run", "--cluster-config-dir") => cluster_dir = Some(PathBuf::from(value(arg)?)),
+            ("status", "--state-dir") => state_dir = Some(PathBuf::from(value(arg)?)),
+            ("status", "-o" | "--output") => {
+                json = match value(arg)?.as_str() {
+                    "json" => true,
+                    "table" | "wide" => false,
+                    other => return Err(format!("unknown output format {other:?}")),
+                }
+            }
+            (_, other) => return Err(format!("unknown argument {other:?} for {command}")),
+        }
+    }
+    Ok(match command {
+        "status" => Command::Status {
+            state_dir: state_dir.unwrap_or_else(|| {
+                std::env::var_os(AGENT_STATE_DIR)
+                    .filter(|v| !v.is_empty())
+                    .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from)
+            }),
+            json,
+        },
+        _ => Command::Run { cluster_dir },
+    })
+}
+
+fn status(state_dir: &std::path::Path, json: bool) -> ExitCode {
+    let pods = match StateStore::new(state_dir).load() {
+        Ok(pods) => pods,
+        Err(e) => {
+            eprintln!("cni-node status: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let text = match json {
+        true => match serde_json::to_string_pretty(&pods) {
+            Ok(text) => text + "\n",
+            Err(e) => {
+                eprintln!("cni-node status: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        false => render_table(&pods),
+    };
+    // A closed pipe (`| head`) is not an error worth a panic.
+    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
+    ExitCode::SUCCESS
+}
+
+fn run(cluster_dir: Option<PathBuf>) -> ExitCode {
+    if let Err(e) = mesh_runtime::telemetry::init() {
+        eprintln!("cni-node: {e}");
+        return ExitCode::from(2);
+    }
+    let config = match Config::from_env(cluster_dir) {
+        Ok(config) => config,
+        Err(e) => {
+            error!(reason = e.reason(), "{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let shown = serde_json::to_string(&config).unwrap_or_default();
+    info!(config = %shown, "cni-node starting");
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The capture chosen by `REDIRECTION_MODE`, with the node's probe SNAT kept in step.
+fn redirector(config: &Config) -> Result<Arc<dyn Redirector>, String> {
+    let inner: Arc<dyn Redirector> = match config.redirection {
+        RedirectionMode::Nftables => Arc::new(NftablesRedirector::new()),
+        RedirectionMode::Ebpf => ebpf_redirector()?,
+    };
+    let probes = HostProbeSnat::new(HostProbeConfig::default());
+    let with_probes = WithProbeSnat::new(inner, probes)
+        .map_err(|e| format!("cannot install the host probe SNAT rules: {e}"))?;
+    tracing::info!(mode = with_probes.name(), "pod capture");
+    Ok(Arc::new(with_probes))
+}
+
+#[cfg(feature = "ebpf")]
+fn ebpf_redirector() -> Result<Arc<dyn Redirector>, String> {
+    cni_node::redirect::ebpf::EbpfRedirector::new()
+        .map(|r| Arc::new(r) as Arc<dyn Redirector>)
+        .map_err(|e| format!("cannot load the eBPF capture programs: {e}"))
+}
+
+#[cfg(not(feature = "ebpf"))]
+fn ebpf_redirector() -> Result<Arc<dyn Redirector>, String> {
+    Err("REDIRECTION_MODE=ebpf, but this cni-node was built without the ebpf feature".into())
+}
+
+async fn serve(config: Config) -> Result<(), String> {
+    let shutdown = mesh_runtime::signal::on_signals()
+        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let redirector = redirector(&config)?;
+    let zds = ZdsServer::bind(&config.zds_socket).map_err(|e| e.to_string())?;
+    let agent = Agent::new(AgentOptions::from_config(&config), redirector, zds.handle());
+    // Before ztunnel can be accepted: recorded pods must be in its first snapshot.
+    agent.restore().await.map_err(|e| e.to_string())?;
+
+    let (tx, events) = tokio::sync::mpsc::channel(1024);
+    let source = Box::new(DirectorySource::new(
+        &config.cluster_config_dir,
+        DirectoryOptions::default(),
+    ));
+    tokio::spawn(source.run(tx));
+    let zds_task = tokio::spawn(zds.run(shutdown.clone().wait()));
+
+    let listener = event::bind(&config.plugin_event_socket).map_err(|e| e.to_string())?;
+    let handler: Arc<dyn CniAddHandler> = Arc::new(agent.clone());
+    let plugin_task = tokio::spawn(event::serve(listener, handler, shutdown.clone().wait()));
+
+    let probes = tokio::net::TcpListener::bind(config.readiness_addr)
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot listen on {} for /readyz: {e}; is another agent running?",
+                config.readiness_addr
+            )
+        })?;
+    tokio::spawn(serve_probes(probes, agent.ready(), shutdown.clone().wait()));
+
+    agent.run(events, shutdown.clone().wait()).await;
+    let _ = plugin_task.await;
+    let _ = zds_task.await;
+    let _ = std::fs::remove_file(&config.plugin_event_socket);
+    info!("cni-node stopped");
+    Ok(())
 }

@@ -4,6 +4,8 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+#[cfg(feature = "ebpf")]
+pub mod ebpf;
 mod host_probe;
 mod netlink;
 mod netns;
@@ -12,6 +14,7 @@ mod nftables;
 mod routes;
 #[cfg(test)]
 mod tests;
+mod with_probes;
 
 pub use host_probe::{HostProbeConfig, HostProbeSnat, HOST_TABLE, PROBE_SET_V4, PROBE_SET_V6};
 pub use nftables::{
@@ -19,6 +22,7 @@ pub use nftables::{
     POD_TABLES, PROBE_SNAT_IPV4, PROBE_SNAT_IPV6, PROXY_MARK,
 };
 pub use routes::{CAPTURE_CONN_MARK, CAPTURE_ROUTE_TABLE, CAPTURE_RULE_PREF, MARK_MASK};
+pub use with_probes::WithProbeSnat;
 
 /// What redirection needs to know about a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]

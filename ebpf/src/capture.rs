@@ -1,0 +1,168 @@
+//! Enrolling a pod: programs attached to its interfaces, the rule, the route and the sysctl.
+
+use std::path::Path;
+
+use crate::netlink::Netlink;
+use crate::routing::{self, Link, ACCEPT_LOCAL, LOOPBACK_IFINDEX};
+use crate::tc::{self, Hook};
+use crate::{netlink_error, netns, CaptureError, Programs, FILTER_NAMES, FILTER_PRIORITY};
+
+/// eBPF capture for pods (see the crate docs). Cheap to share: the programs are loaded once.
+#[derive(Debug)]
+pub struct Capture {
+    programs: Programs,
+}
+
+impl Capture {
+    /// Loads the programs (fails without the `bpf` feature, or when the kernel refuses them).
+    pub fn new() -> Result<Capture, CaptureError> {
+        Ok(Capture {
+            programs: Programs::load()?,
+        })
+    }
+
+    /// The loaded programs.
+    pub fn programs(&self) -> &Programs {
+        &self.programs
+    }
+
+    /// Installs the capture in the namespace at `netns` (every interface present now),
+    /// replacing an earlier one. On failure nothing of it is left behind.
+    pub fn enroll(&self, netns: &Path) -> Result<(), CaptureError> {
+        netns::run_in(netns, || {
+            let result = self.enroll_here();
+            if result.is_err() {
+                if let Err(error) = remove_here() {
+                    tracing::warn!(netns = %netns.display(), %error, "cannot undo a failed eBPF enrollment");
+                }
+            }
+            result
+        })
+    }
+
+    /// Removes the capture from the namespace at `netns`; what is absent is skipped, and a
+    /// namespace that no longer exists is not an error.
+    pub fn unenroll(&self, netns: &Path) -> Result<(), CaptureError> {
+        match netns::run_in(netns, remove_here) {
+            Err(error) if error.is_netns_gone() => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Whether the complete capture is present in the namespace at `netns`.
+    pub fn is_enrolled(&self, netns: &Path) -> Result<bool, CaptureError> {
+        netns::run_in(netns, enrolled_here)
+    }
+
+    fn enroll_here(&self) -> Result<(), CaptureError> {
+        let mut nl = Netlink::open().map_err(netlink_error("open a netlink socket"))?;
+        routing::set_sysctl(ACCEPT_LOCAL, "1")?;
+        routing::replace_route(&mut nl).map_err(netlink_error("add the local capture route"))?;
+        routing::add_rule(&mut nl).map_err(netlink_error("add the capture rule"))?;
+        let [name_in, name_out, name_lo] = FILTER_NAMES;
+        tc::add_clsact(&mut nl, LOOPBACK_IFINDEX).map_err(netlink_error("add clsact to lo"))?;
+        tc::replace_filter(
+            &mut nl,
+            LOOPBACK_IFINDEX,
+            Hook::Ingress,
+            self.programs.capture_lo(),
+            name_lo,
+        )
+        .map_err(netlink_error("attach capture_lo"))?;
+        for link in pod_links(&mut nl)? {
+            tc::add_clsact(&mut nl, link.index).map_err(netlink_error("add clsact"))?;
+            tc::replace_filter(
+                &mut nl,
+                link.index,
+                Hook::Ingress,
+                self.programs.capture_in(),
+                name_in,
+            )
+            .map_err(netlink_error("attach capture_in"))?;
+            tc::replace_filter(
+                &mut nl,
+                link.index,
+                Hook::Egress,
+                self.programs.capture_out(),
+                name_out,
+            )
+            .map_err(netlink_error("attach capture_out"))?;
+            tracing::debug!(interface = %link.name, "eBPF capture attached");
+        }
+        Ok(())
+    }
+}
+
+/// The interfaces other than `lo`.
+fn pod_links(nl: &mut Netlink) -> Result<Vec<Link>, CaptureError> {
+    let links = routing::links(nl).map_err(netlink_error("list interfaces"))?;
+    Ok(links.into_iter().filter(|link| !link.loopback).collect())
+}
+
+/// Undoes `enroll_here` in the calling thread's namespace, pod interfaces first.
+fn remove_here() -> Result<(), CaptureError> {
+    let mut nl = Netlink::open().map_err(netlink_error("open a netlink socket"))?;
+    let mut indexes: Vec<u32> = pod_links(&mut nl)?.iter().map(|l| l.index).collect();
+    indexes.push(LOOPBACK_IFINDEX);
+    for index in indexes {
+        remove_filters(&mut nl, index)?;
+    }
+    routing::delete_rule(&mut nl).map_err(netlink_error("delete the capture rule"))?;
+    routing::delete_route(&mut nl).map_err(netlink_error("delete the local capture route"))?;
+    routing::set_sysctl(ACCEPT_LOCAL, "0")
+}
+
+/// Deletes our filters of `ifindex`, then its clsact qdisc when nothing else uses it.
+fn remove_filters(nl: &mut Netlink, ifindex: u32) -> Result<(), CaptureError> {
+    let mut others = 0;
+    for hook in [Hook::Egress, Hook::Ingress] {
+        for filter in tc::filters(nl, ifindex, hook).map_err(netlink_error("list tc filters"))? {
+            if is_ours(&filter) {
+                tc::delete_filter(nl, ifindex, hook)
+                    .map_err(netlink_error("delete a capture filter"))?;
+            } else {
+                others += 1;
+            }
+        }
+    }
+    if others == 0 {
+        tc::delete_clsact(nl, ifindex).map_err(netlink_error("delete clsact"))?;
+    }
+    Ok(())
+}
+
+fn is_ours(filter: &tc::Filter) -> bool {
+    filter.priority == FILTER_PRIORITY
+        && filter
+            .name
+            .as_deref()
+            .is_some_and(|name| FILTER_NAMES.contains(&name))
+}
+
+/// Whether every piece of the capture is present in the calling thread's namespace.
+fn enrolled_here() -> Result<bool, CaptureError> {
+    let mut nl = Netlink::open().map_err(netlink_error("open a netlink socket"))?;
+    if routing::sysctl(ACCEPT_LOCAL)? != "1"
+        || !routing::rule_present(&mut nl).map_err(netlink_error("list rules"))?
+        || !routing::route_present(&mut nl).map_err(netlink_error("list routes"))?
+    {
+        return Ok(false);
+    }
+    let [name_in, name_out, name_lo] = FILTER_NAMES;
+    let mut wanted = vec![(LOOPBACK_IFINDEX, Hook::Ingress, name_lo)];
+    for link in pod_links(&mut nl)? {
+        wanted.push((link.index, Hook::Ingress, name_in));
+        wanted.push((link.index, Hook::Egress, name_out));
+    }
+    for (ifindex, hook, name) in wanted {
+        let filters =
+            tc::filters(&mut nl, ifindex, hook).map_err(netlink_error("list tc filters"))?;
+        if !filters
+            .iter()
+            .any(|f| is_ours(f) && f.name.as_deref() == Some(name))
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
