@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Benchmark: enrollment latency (CNI ADD of istio-cni to ztunnel's ack) over 100 pods created
+# through the real CNI chain, with nftables and with eBPF capture. Needs root.
+# Builds release binaries, runs istiod, cni-node and ztunnel, prints a table.
+# Not part of the test suite. Options: --pods N, --mode nftables|ebpf.
+set -euo pipefail
+source "$(dirname "$0")/../scripts/env.sh"
+cd "$REPO_ROOT"
+cargo build --release -p istiod -p ztunnel -p cni-node -p mesh-bench
+export MESH_BIN_DIR="$CARGO_TARGET_DIR/release"
+exec "$MESH_BIN_DIR/enroll-latency" "$@"
