@@ -1,11 +1,10 @@
 //! istioctl: the command line Istio users expect, for this mesh.
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
-mod connect;
-mod csr;
-mod render;
-mod xds_dump;
+use istioctl::{analyze, csr, precheck, xds_dump, ztunnel_config};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,6 +19,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Show what a ztunnel holds: workloads, services, policies, certificates.
+    #[command(name = "ztunnel-config", visible_alias = "zc")]
+    ZtunnelConfig {
+        #[command(subcommand)]
+        command: ztunnel_config::ZtunnelConfig,
+    },
+    /// Analyze a directory of Kubernetes/Istio YAML and print validation messages.
+    Analyze(analyze::AnalyzeArgs),
     /// Experimental commands.
     #[command(name = "x", alias = "experimental")]
     Experimental {
@@ -34,25 +41,33 @@ enum Experimental {
     XdsDump(xds_dump::XdsDumpArgs),
     /// Request a workload certificate from istiod's CA (as a node's ztunnel) and show it.
     Csr(csr::CsrArgs),
+    /// Check that this host can run the mesh in its local mode.
+    Precheck(precheck::PrecheckArgs),
 }
 
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> std::process::ExitCode {
+async fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     match run(Cli::parse()).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::ZtunnelConfig { command } => {
+            ztunnel_config::run(command).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Analyze(args) => Ok(analyze::run(&args)?),
         Command::Experimental { command } => match command {
-            Experimental::XdsDump(args) => xds_dump::run(args).await,
-            Experimental::Csr(args) => csr::run(args).await,
+            Experimental::XdsDump(args) => xds_dump::run(args).await.map(|()| ExitCode::SUCCESS),
+            Experimental::Csr(args) => csr::run(args).await.map(|()| ExitCode::SUCCESS),
+            Experimental::Precheck(args) => Ok(precheck::run(&args)),
         },
     }
 }

@@ -1,0 +1,12 @@
+//! istioctl: the command line Istio users expect, for this mesh. The binary (`main.rs`) is a
+//! thin clap front end over these modules.
+
+pub mod analyze;
+pub mod connect;
+pub mod csr;
+pub mod http;
+pub mod precheck;
+pub mod render;
+pub mod table;
+pub mod xds_dump;
+pub mod ztunnel_config;
