@@ -5,14 +5,13 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
+use h2::client::SendRequest;
 use http::{HeaderValue, Method, Request, StatusCode, Version};
-use hyper::client::conn::http2::SendRequest;
-use hyper::upgrade::Upgraded;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use mesh_identity::Identity;
 use rustls::ClientConfig;
 use rustls_pki_types::ServerName;
@@ -24,7 +23,9 @@ use tracing::Instrument;
 
 use crate::socket::{LocalSockets, SocketFactory};
 
-use super::{Empty, H2Settings, HboneError, BAGGAGE_HEADER, FORWARDED_HEADER, TRACEPARENT_HEADER};
+use super::copy::{ChunkWrite, Duplex};
+use super::stream::{keepalive, H2Reader, H2Stream, H2Writer, KeepaliveEnd, MAX_SEND_BUFFER};
+use super::{H2Settings, HboneError, BAGGAGE_HEADER, FORWARDED_HEADER, TRACEPARENT_HEADER};
 
 /// One `CONNECT` to send over a [`Connection`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,7 +55,7 @@ impl ConnectRequest {
     }
 
     /// The HTTP/2 request: `CONNECT` with `:authority` = target and the HBONE headers.
-    pub fn to_http(&self) -> Result<Request<Empty>, HboneError> {
+    pub fn to_http(&self) -> Result<Request<()>, HboneError> {
         let authority = self.target.to_string();
         let mut forwarded = format!("for=\"{}\"", self.source);
         if let Some(host) = &self.forwarded_host {
@@ -77,7 +78,7 @@ impl ConnectRequest {
             builder = builder.header(TRACEPARENT_HEADER, value);
         }
         builder
-            .body(Empty)
+            .body(())
             .map_err(|source| HboneError::BuildRequest { authority, source })
     }
 }
@@ -89,10 +90,12 @@ fn header_value(name: &'static str, value: &str) -> Result<HeaderValue, HboneErr
 /// A TLS + HTTP/2 connection to an HBONE peer; clones share the connection.
 #[derive(Clone)]
 pub struct Connection {
-    sender: SendRequest<Empty>,
+    sender: SendRequest<Bytes>,
     addr: SocketAddr,
     peer_identity: Identity,
     streams: Arc<AtomicUsize>,
+    /// Set when the connection task ends.
+    closed: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Connection {
@@ -150,14 +153,34 @@ impl Connection {
             .await
             .map_err(|source| HboneError::Tls { addr, source })?;
         let peer_identity = verified_peer(&stream, addr)?;
-        let (sender, conn) = h2_builder(settings)
-            .handshake::<_, Empty>(TokioIo::new(stream))
+        let (sender, mut conn) = h2_builder(settings)
+            .handshake::<_, Bytes>(stream)
             .await
             .map_err(|source| HboneError::H2Handshake { addr, source })?;
+        let ping = keepalive(
+            conn.ping_pong(),
+            settings.keepalive_interval,
+            settings.keepalive_timeout,
+        );
+        let closed = Arc::new(AtomicBool::new(false));
+        let done = closed.clone();
         let span = tracing::debug_span!("hbone_outbound", peer = %addr, %peer_identity);
         tokio::spawn(
             async move {
-                match conn.await {
+                tokio::pin!(ping);
+                let result = tokio::select! {
+                    biased;
+                    result = &mut conn => result,
+                    end = &mut ping => match end {
+                        KeepaliveEnd::TimedOut => {
+                            tracing::debug!("no PING acknowledgement in time; closing the HBONE connection");
+                            Ok(())
+                        }
+                        KeepaliveEnd::Closed => conn.await,
+                    },
+                };
+                done.store(true, Ordering::Release);
+                match result {
                     Ok(()) => tracing::debug!("HBONE connection closed"),
                     Err(e) => tracing::debug!(error = %e, "HBONE connection failed"),
                 }
@@ -169,6 +192,7 @@ impl Connection {
             addr,
             peer_identity,
             streams: Arc::new(AtomicUsize::new(0)),
+            closed,
         })
     }
 
@@ -178,36 +202,33 @@ impl Connection {
     }
 
     /// Sends a prepared `CONNECT` request (see [`ConnectRequest::to_http`]).
-    pub async fn send(&self, request: Request<Empty>) -> Result<Tunnel, HboneError> {
+    pub async fn send(&self, request: Request<()>) -> Result<Tunnel, HboneError> {
         let slot = StreamSlot::acquire(self.streams.clone());
         self.send_in_slot(request, slot).await
     }
 
     async fn send_in_slot(
         &self,
-        request: Request<Empty>,
+        request: Request<()>,
         slot: StreamSlot,
     ) -> Result<Tunnel, HboneError> {
         let authority = request.uri().to_string();
-        let mut sender = self.sender.clone();
         let request_error = |source| HboneError::Request {
             authority: authority.clone(),
             source,
         };
-        sender.ready().await.map_err(request_error)?;
-        let response = sender.send_request(request).await.map_err(request_error)?;
+        let mut sender = self.sender.clone().ready().await.map_err(request_error)?;
+        let (response, send) = sender.send_request(request, false).map_err(request_error)?;
+        let response = response.await.map_err(request_error)?;
         if response.status() != StatusCode::OK {
             return Err(HboneError::Status {
                 authority,
                 status: response.status(),
             });
         }
-        let upgraded = hyper::upgrade::on(response)
-            .await
-            .map_err(|source| HboneError::Upgrade { authority, source })?;
         Ok(Tunnel {
-            io: TokioIo::new(upgraded),
-            _slot: slot,
+            stream: H2Stream::new(send, response.into_body()),
+            slot,
         })
     }
 
@@ -223,7 +244,7 @@ impl Connection {
 
     /// Whether the connection can no longer carry new streams.
     pub fn is_closed(&self) -> bool {
-        self.sender.is_closed()
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Streams opened through this handle (and its clones) that are still alive, including
@@ -261,17 +282,15 @@ fn verified_peer(stream: &TlsStream<TcpStream>, addr: SocketAddr) -> Result<Iden
         .map_err(|source| HboneError::PeerIdentity { addr, source })
 }
 
-fn h2_builder(settings: &H2Settings) -> hyper::client::conn::http2::Builder<TokioExecutor> {
-    let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+fn h2_builder(settings: &H2Settings) -> h2::client::Builder {
+    let mut builder = h2::client::Builder::new();
     builder
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(settings.stream_window)
+        .enable_push(false)
+        .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
         .max_frame_size(settings.max_frame_size)
         .max_header_list_size(settings.max_header_list_size)
-        .keep_alive_interval(settings.keepalive_interval)
-        .keep_alive_timeout(settings.keepalive_timeout)
-        .keep_alive_while_idle(true);
+        .max_send_buffer_size(MAX_SEND_BUFFER);
     builder
 }
 
@@ -293,10 +312,46 @@ impl Drop for StreamSlot {
 }
 
 /// An established HBONE tunnel: bytes written reach the target, `shutdown` half-closes.
+/// [`super::copy_bidirectional`] moves its h2 `Bytes` without copying them.
 #[derive(Debug)]
 pub struct Tunnel {
-    io: TokioIo<Upgraded>,
+    stream: H2Stream,
+    slot: StreamSlot,
+}
+
+/// Sending half of a [`Tunnel`]; holds the tunnel's stream slot on its connection.
+#[derive(Debug)]
+pub struct TunnelWriter {
+    writer: H2Writer,
     _slot: StreamSlot,
+}
+
+impl ChunkWrite for TunnelWriter {
+    fn poll_write_chunk(
+        &mut self,
+        cx: &mut Context<'_>,
+        chunk: &mut Bytes,
+    ) -> Poll<io::Result<()>> {
+        self.writer.poll_write_chunk(cx, chunk)
+    }
+
+    fn poll_finish(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(self.writer.finish())
+    }
+}
+
+impl Duplex for Tunnel {
+    type Reader = H2Reader;
+    type Writer = TunnelWriter;
+
+    fn into_chunks(self) -> (H2Reader, TunnelWriter) {
+        let (reader, writer) = self.stream.into_split();
+        let writer = TunnelWriter {
+            writer,
+            _slot: self.slot,
+        };
+        (reader, writer)
+    }
 }
 
 impl AsyncRead for Tunnel {
@@ -305,7 +360,7 @@ impl AsyncRead for Tunnel {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
 
@@ -315,14 +370,14 @@ impl AsyncWrite for Tunnel {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }

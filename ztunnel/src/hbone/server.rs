@@ -16,15 +16,15 @@
 //! starts (per-stream handlers and tunnel copies) is tracked: dropping the `Server` aborts them,
 //! their observers then report [`TunnelError::Aborted`].
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use bytes::Bytes;
+use h2::server::SendResponse;
+use h2::RecvStream;
 use http::{HeaderMap, Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use mesh_identity::Identity;
 use rustls::ServerConfig;
 use tokio::net::{TcpListener, TcpStream};
@@ -33,7 +33,8 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use super::copy::{copy_bidirectional, ByteCounters, CopyError, Transferred};
-use super::{Empty, H2Settings, HboneError};
+use super::stream::{keepalive, H2Stream, KeepaliveEnd, MAX_SEND_BUFFER};
+use super::{H2Settings, HboneError};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -99,7 +100,7 @@ impl Refusal {
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
     #[error("the CONNECT stream ended before the tunnel started: {0}; the client reset the stream or lost its connection right after the 200")]
-    NotStarted(#[source] hyper::Error),
+    NotStarted(#[source] h2::Error),
     #[error(transparent)]
     Copy(#[from] CopyError),
     #[error("the tunnel was closed because its HBONE server was shut down (drain deadline reached or proxy stopped)")]
@@ -356,7 +357,7 @@ impl Inner {
             }
         };
         tracing::debug!(peer_identity = %ctx.peer_identity, "HBONE connection established");
-        self.serve_h2(TokioIo::new(tls), Arc::new(ctx)).await
+        self.serve_h2(tls, Arc::new(ctx)).await
     }
 
     /// TLS handshake within the handshake timeout, ALPN `h2`, and the peer's SPIFFE id.
@@ -399,49 +400,62 @@ impl Inner {
         Ok((tls, ctx))
     }
 
-    async fn serve_h2<I>(&self, io: TokioIo<I>, ctx: Arc<ConnContext>) -> Result<(), HboneError>
+    async fn serve_h2<I>(&self, io: I, ctx: Arc<ConnContext>) -> Result<(), HboneError>
     where
         I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
         let peer_addr = ctx.peer_addr;
-        let service = hyper::service::service_fn(move |req| {
-            let ctx = ctx.clone();
-            async move { Ok::<_, Infallible>(handle_request(ctx, req).await) }
-        });
-        let conn = self.h2_builder().serve_connection(io, service);
-        tokio::pin!(conn);
-        let mut drain = self.tracker.drain.subscribe();
-        let draining = async move {
-            // The sender lives in the tracker this connection holds: never an error.
-            let _ = drain.wait_for(|draining| *draining).await;
-        };
-        let result = tokio::select! {
-            result = conn.as_mut() => result,
-            () = draining => {
-                tracing::debug!("sending GOAWAY: the HBONE server is draining");
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        };
-        result.map_err(|source| HboneError::H2Connection {
+        let h2_error = |source| HboneError::H2Connection {
             addr: peer_addr,
             source,
-        })
+        };
+        let mut conn = self
+            .h2_builder()
+            .handshake::<_, Bytes>(io)
+            .await
+            .map_err(h2_error)?;
+        let s = &self.settings;
+        let ping = keepalive(conn.ping_pong(), s.keepalive_interval, s.keepalive_timeout);
+        tokio::pin!(ping);
+        let mut drain = self.tracker.drain.subscribe();
+        let (mut draining, mut pinging) = (false, true);
+        loop {
+            tokio::select! {
+                accepted = conn.accept() => match accepted {
+                    Some(Ok((req, respond))) => {
+                        let ctx = ctx.clone();
+                        self.tracker.spawn(Kind::Task, handle_request(ctx, req, respond));
+                    }
+                    Some(Err(e)) => return Err(h2_error(e)),
+                    None => return Ok(()),
+                },
+                // The sender lives in the tracker this connection holds: never an error.
+                _ = drain.wait_for(|d| *d), if !draining => {
+                    tracing::debug!("sending GOAWAY: the HBONE server is draining");
+                    draining = true;
+                    conn.graceful_shutdown();
+                }
+                end = &mut ping, if pinging => match end {
+                    KeepaliveEnd::TimedOut => {
+                        tracing::debug!("no PING acknowledgement in time; closing the HBONE connection");
+                        return Ok(());
+                    }
+                    KeepaliveEnd::Closed => pinging = false,
+                },
+            }
+        }
     }
 
-    fn h2_builder(&self) -> hyper::server::conn::http2::Builder<TrackedExecutor> {
+    fn h2_builder(&self) -> h2::server::Builder {
         let s = &self.settings;
-        let executor = TrackedExecutor(self.tracker.clone());
-        let mut builder = hyper::server::conn::http2::Builder::new(executor);
+        let mut builder = h2::server::Builder::new();
         builder
-            .timer(TokioTimer::new())
-            .initial_stream_window_size(s.stream_window)
+            .initial_window_size(s.stream_window)
             .initial_connection_window_size(s.connection_window)
             .max_frame_size(s.max_frame_size)
             .max_concurrent_streams(s.max_concurrent_streams)
             .max_header_list_size(s.max_header_list_size)
-            .keep_alive_interval(s.keepalive_interval)
-            .keep_alive_timeout(s.keepalive_timeout);
+            .max_send_buffer_size(MAX_SEND_BUFFER);
         builder
     }
 }
@@ -474,23 +488,33 @@ fn is_transient_accept_error(e: &std::io::Error) -> bool {
     )
 }
 
-fn status(code: StatusCode) -> Response<Empty> {
-    let mut response = Response::new(Empty);
+fn status(code: StatusCode) -> Response<()> {
+    let mut response = Response::new(());
     *response.status_mut() = code;
     response
 }
 
-/// Handles one HTTP/2 request; starts the tunnel copy when the answer is 200.
-async fn handle_request(ctx: Arc<ConnContext>, mut req: Request<Incoming>) -> Response<Empty> {
+/// Answers `code` with END_STREAM (a refusal).
+fn refuse(respond: &mut SendResponse<Bytes>, code: StatusCode) {
+    if let Err(e) = respond.send_response(status(code), true) {
+        tracing::debug!(error = %e, "cannot send the HBONE refusal; the stream is gone");
+    }
+}
+
+/// Handles one HTTP/2 request; on 200 starts the tunnel copy on its own task.
+async fn handle_request(
+    ctx: Arc<ConnContext>,
+    mut req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
     if req.method() != Method::CONNECT {
         tracing::debug!(method = %req.method(), "rejecting non-CONNECT HBONE request");
-        return status(StatusCode::BAD_REQUEST);
+        return refuse(&mut respond, StatusCode::BAD_REQUEST);
     }
     let Some(target) = parse_authority(&req) else {
         tracing::debug!(uri = %req.uri(), "rejecting CONNECT whose authority is not ip:port");
-        return status(StatusCode::BAD_REQUEST);
+        return refuse(&mut respond, StatusCode::BAD_REQUEST);
     };
-    let on_upgrade = hyper::upgrade::on(&mut req);
     let request = InboundRequest {
         peer_identity: ctx.peer_identity.clone(),
         peer_addr: ctx.peer_addr,
@@ -502,22 +526,23 @@ async fn handle_request(ctx: Arc<ConnContext>, mut req: Request<Incoming>) -> Re
         Ok(accepted) => accepted,
         Err(refusal) => {
             tracing::info!(dst.addr = %target, peer = %ctx.peer_identity, error = %refusal, reason = refusal.reason(), "refused HBONE CONNECT");
-            return status(refusal.status());
+            return refuse(&mut respond, refusal.status());
         }
     };
     // From here on the observer is told exactly once, even if the task below is aborted.
     let completion = Completion::new(observer);
+    let started = respond
+        .send_response(status(StatusCode::OK), false)
+        .map(|send| H2Stream::new(send, req.into_body()));
     let span = tracing::debug_span!("tunnel", dst.addr = %target);
     let tracker = ctx.tracker.clone();
     let spawner = tracker.clone();
     let tunnel = async move {
-        let result = match on_upgrade.await {
-            Ok(upgraded) => {
-                copy_bidirectional(TokioIo::new(upgraded), upstream, &completion.counters)
-                    .await
-                    .map(drop)
-                    .map_err(TunnelError::Copy)
-            }
+        let result = match started {
+            Ok(stream) => copy_bidirectional(stream, upstream, &completion.counters)
+                .await
+                .map(drop)
+                .map_err(TunnelError::Copy),
             Err(e) => Err(TunnelError::NotStarted(e)),
         };
         // Closing the connection first may fail the copy just before the abort reaches us.
@@ -529,7 +554,6 @@ async fn handle_request(ctx: Arc<ConnContext>, mut req: Request<Incoming>) -> Re
         completion.complete(result);
     };
     spawner.spawn(Kind::Tunnel, tunnel.instrument(span));
-    status(StatusCode::OK)
 }
 
 fn log_completion(
@@ -600,7 +624,7 @@ impl Drop for Completion {
 enum Kind {
     Connection,
     Tunnel,
-    /// Accept-loop connection tasks, per-stream handlers and hyper's upgrade tasks.
+    /// Accept-loop connection tasks and per-stream handlers.
     Task,
 }
 
@@ -687,20 +711,5 @@ impl Drop for Active {
         self.tracker
             .counts
             .send_modify(|c| *c.slot(kind) = c.slot(kind).saturating_sub(1));
-    }
-}
-
-/// hyper's executor for per-stream and upgrade tasks: tracked like the tunnels, so that
-/// dropping the server stops them too.
-#[derive(Clone)]
-struct TrackedExecutor(Arc<Tracker>);
-
-impl<F> hyper::rt::Executor<F> for TrackedExecutor
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    fn execute(&self, fut: F) {
-        self.0.spawn(Kind::Task, fut);
     }
 }

@@ -10,7 +10,7 @@ use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::copy::{copy_bidirectional, ByteCounters, Transferred};
+use super::copy::{copy_bidirectional, AsyncIo, ByteCounters, Transferred};
 use super::*;
 
 mod bad_input;
@@ -387,8 +387,9 @@ async fn copy_propagates_half_close_both_ways_and_counts_bytes() {
     let (proxy_up, server) = tokio::io::duplex(64 * 1024);
     let counters = Arc::new(ByteCounters::default());
     let copy_counters = counters.clone();
-    let copy =
-        tokio::spawn(async move { copy_bidirectional(proxy_down, proxy_up, &copy_counters).await });
+    let copy = tokio::spawn(async move {
+        copy_bidirectional(AsyncIo(proxy_down), AsyncIo(proxy_up), &copy_counters).await
+    });
     let (mut client_read, mut client_write) = tokio::io::split(client);
     let (mut server_read, mut server_write) = tokio::io::split(server);
 

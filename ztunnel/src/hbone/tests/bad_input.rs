@@ -15,12 +15,12 @@ use tokio::net::{TcpListener, TcpStream};
 use super::raw_h2::{self, Answer, RawH2, END_STREAM};
 use super::*;
 
-fn raw_request(method: http::Method, uri: &str) -> http::Request<Empty> {
+fn raw_request(method: http::Method, uri: &str) -> http::Request<()> {
     http::Request::builder()
         .method(method)
         .version(http::Version::HTTP_2)
         .uri(uri)
-        .body(Empty)
+        .body(())
         .expect("request")
 }
 

@@ -324,7 +324,7 @@ async fn malformed_connect_is_400_and_other_tunnels_on_the_connection_work() {
         .method(http::Method::CONNECT)
         .version(http::Version::HTTP_2)
         .uri("echo.default.svc:8080")
-        .body(hbone::Empty)
+        .body(())
         .expect("request");
     let err = conn.send(bad).await.expect_err("malformed authority");
     assert_eq!(err.status(), Some(http::StatusCode::BAD_REQUEST), "{err}");
