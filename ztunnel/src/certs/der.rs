@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// The fields of a certificate the certificate manager needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertInfo {
-    /// The serial number, lowercase hex without leading zero bytes.
+    /// The serial number in decimal, as upstream ztunnel's `/config_dump` shows it (istioctl
+    /// converts it to hex for display).
     pub serial: String,
     pub not_before: SystemTime,
     pub not_after: SystemTime,
@@ -35,7 +36,7 @@ pub fn cert_info(der: &[u8]) -> Result<CertInfo, &'static str> {
     let (tag, not_after, _) = tlv(rest)?;
     let not_after = parse_time(tag, not_after)?;
     Ok(CertInfo {
-        serial: hex(serial),
+        serial: decimal(serial),
         not_before,
         not_after,
     })
@@ -75,14 +76,27 @@ fn expect<'a>(
     Ok((content, rest))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    let start = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len());
-    let trimmed = if start == bytes.len() {
-        &[0u8][..]
-    } else {
-        &bytes[start..]
-    };
-    trimmed.iter().map(|b| format!("{b:02x}")).collect()
+/// A big-endian unsigned integer (an X.509 serial: up to 20 bytes) in decimal.
+fn decimal(bytes: &[u8]) -> String {
+    // Repeated division by 10 of the base-256 digits; serials are short, so O(n^2) is fine.
+    let mut digits: Vec<u8> = bytes.iter().copied().skip_while(|b| *b == 0).collect();
+    let mut out = Vec::new();
+    while !digits.is_empty() {
+        let mut remainder = 0u32;
+        for d in digits.iter_mut() {
+            let acc = remainder * 256 + u32::from(*d);
+            *d = (acc / 10) as u8;
+            remainder = acc % 10;
+        }
+        out.push(b'0' + remainder as u8);
+        let lead = digits.iter().position(|b| *b != 0).unwrap_or(digits.len());
+        digits.drain(..lead);
+    }
+    if out.is_empty() {
+        return "0".to_string();
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
 }
 
 fn digits(s: &[u8]) -> Result<i64, &'static str> {
@@ -173,6 +187,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn serials_in_decimal() {
+        assert_eq!(decimal(&[]), "0");
+        assert_eq!(decimal(&[0, 0]), "0");
+        assert_eq!(decimal(&[0x01, 0x00]), "256");
+        assert_eq!(decimal(&[0xff; 8]), u64::MAX.to_string());
+        let mut big = [0xffu8; 16];
+        big[0] = 0x7f;
+        assert_eq!(decimal(&big), i128::MAX.to_string());
+    }
+
+    #[test]
     fn dates_round_trip() {
         assert_eq!(days_from_civil(1970, 1, 1), 0);
         assert_eq!(days_from_civil(2000, 3, 1), 11_017);
@@ -198,6 +223,6 @@ mod tests {
         assert!(parse_time(UTC_TIME, b"491231235959+").is_err());
         assert!(parse_time(UTC_TIME, b"4912312359Z").is_err());
         assert!(cert_info(&[0x30, 0x05, 0x30]).is_err());
-        assert_eq!(hex(&[0, 0x7f, 0x01]), "7f01");
+        assert_eq!(decimal(&[0, 0x7f, 0x01]), "32513");
     }
 }
