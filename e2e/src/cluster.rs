@@ -39,6 +39,31 @@ impl Redirection {
     }
 }
 
+/// Extra settings of a cluster (see [`MeshCluster::start_with`]).
+#[derive(Clone, Debug, Default)]
+pub struct ClusterOptions {
+    /// Environment added to every ztunnel (e.g. `SECRET_TTL`), kept across restarts.
+    pub ztunnel_env: Vec<(String, String)>,
+    /// Environment added to istiod (e.g. `MAX_WORKLOAD_CERT_TTL`), kept across restarts.
+    pub istiod_env: Vec<(String, String)>,
+}
+
+impl ClusterOptions {
+    pub fn ztunnel_env(mut self, key: &str, value: &str) -> ClusterOptions {
+        self.ztunnel_env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn istiod_env(mut self, key: &str, value: &str) -> ClusterOptions {
+        self.istiod_env.push((key.into(), value.into()));
+        self
+    }
+}
+
+fn env_refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
 /// A pod to create.
 #[derive(Clone, Debug)]
 pub struct PodSpec {
@@ -69,7 +94,8 @@ impl PodSpec {
         format!("uid-{}-{}", self.namespace, self.name)
     }
 
-    fn yaml(&self, ip: Option<Ipv4Addr>) -> String {
+    /// The Pod object (pending without an IP, running with one).
+    pub fn yaml(&self, ip: Option<Ipv4Addr>) -> String {
         let mut labels = String::new();
         for (k, v) in &self.labels {
             labels.push_str(&format!("    {k}: \"{v}\"\n"));
@@ -90,7 +116,8 @@ impl PodSpec {
         )
     }
 
-    fn file(&self) -> String {
+    /// Its file in the objects directory.
+    pub fn file(&self) -> String {
         format!("pod-{}-{}.yaml", self.namespace, self.name)
     }
 }
@@ -106,6 +133,11 @@ pub struct MeshPod {
 impl MeshPod {
     pub fn addr(&self, port: u16) -> SocketAddr {
         SocketAddr::from((self.ip, port))
+    }
+
+    /// Its Pod uid (what ZDS and ztunnel's `workloadState` call it).
+    pub fn uid(&self) -> String {
+        self.spec.uid()
     }
 }
 
@@ -168,6 +200,11 @@ impl Agent {
         self.kill();
         self.spawn();
     }
+
+    /// The process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(ChildGuard::id)
+    }
 }
 
 /// One node: its netns, agent and ztunnel.
@@ -176,6 +213,26 @@ pub struct MeshNode {
     pub agent: Agent,
     pub ztunnel: Ztunnel,
     conflist: ConfList,
+}
+
+impl MeshNode {
+    /// The addresses host-local has reserved on this node (its `dataDir/<network>` files).
+    pub fn ipam_reservations(&self) -> Vec<Ipv4Addr> {
+        let data_dir = self.conflist.value["plugins"][0]["ipam"]["dataDir"]
+            .as_str()
+            .map(PathBuf::from)
+            .expect("host-local dataDir in the conflist");
+        let network = self.conflist.value["name"].as_str().unwrap_or_default();
+        let Ok(entries) = std::fs::read_dir(data_dir.join(network)) else {
+            return Vec::new();
+        };
+        let mut ips: Vec<Ipv4Addr> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        ips.sort();
+        ips
+    }
 }
 
 /// The cluster. Dropping it stops every process and removes every namespace.
@@ -205,6 +262,17 @@ impl MeshCluster {
         redirection: Redirection,
         setup: impl FnOnce(&ClusterDir),
     ) -> MeshCluster {
+        MeshCluster::start_with(hint, nodes, redirection, &ClusterOptions::default(), setup)
+    }
+
+    /// Like [`MeshCluster::start`] with extra process settings.
+    pub fn start_with(
+        hint: &str,
+        nodes: &[&str],
+        redirection: Redirection,
+        options: &ClusterOptions,
+        setup: impl FnOnce(&ClusterDir),
+    ) -> MeshCluster {
         let mut net = TestNet::new(hint).expect("test network");
         let dir = tempfile::tempdir().expect("cluster directory");
         let mut made = Vec::new();
@@ -215,10 +283,17 @@ impl MeshCluster {
         let cluster = ClusterDir::new();
         setup(&cluster);
         let first = &made[0];
-        let istiod = Istiod::start(first.netns(), first.ip(), cluster, nodes);
+        let istiod = Istiod::start_with_env(
+            first.netns(),
+            first.ip(),
+            cluster,
+            nodes,
+            &env_refs(&options.istiod_env),
+        );
         let mut mesh_nodes = Vec::new();
         for node in made {
-            mesh_nodes.push(start_node(&istiod, node, dir.path(), redirection));
+            let zt_env = env_refs(&options.ztunnel_env);
+            mesh_nodes.push(start_node(&istiod, node, dir.path(), redirection, &zt_env));
         }
         for n in &mesh_nodes {
             n.agent.wait_ready(Duration::from_secs(20));
@@ -262,6 +337,14 @@ impl MeshCluster {
     /// Creates a pod as the kubelet would: the Pod object (pending), its sandbox netns, the
     /// CNI chain (bridge + host-local + istio-cni), then the Pod's IP and Running status.
     pub fn add_pod(&mut self, spec: PodSpec) -> Result<MeshPod, CniFailure> {
+        self.add_pod_timed(spec).map(|(pod, _)| pod)
+    }
+
+    /// [`MeshCluster::add_pod`], also returning how long each CNI plugin took.
+    pub fn add_pod_timed(
+        &mut self,
+        spec: PodSpec,
+    ) -> Result<(MeshPod, Vec<(String, Duration)>), CniFailure> {
         self.objects().write(&spec.file(), &spec.yaml(None));
         let netns = self
             .net
@@ -277,7 +360,8 @@ impl MeshCluster {
             container_id: &format!("sandbox-{}", spec.name),
             netns: &path,
         };
-        let result = cni::add(node.node.netns(), &node.conflist, &pod_ref, &cni_path())?;
+        let (result, timings) =
+            cni::add_timed(node.node.netns(), &node.conflist, &pod_ref, &cni_path())?;
         let ip: Ipv4Addr = cni::result_ips(&result)
             .first()
             .and_then(|ip| ip.parse().ok())
@@ -285,7 +369,7 @@ impl MeshCluster {
         self.objects().write(&spec.file(), &spec.yaml(Some(ip)));
         let pod = MeshPod { spec, netns, ip };
         self.pods.push(pod.clone());
-        Ok(pod)
+        Ok((pod, timings))
     }
 
     /// Deletes a pod: CNI DEL (the sandbox goes away), then the Pod object.
@@ -304,6 +388,44 @@ impl MeshCluster {
         cni::del(node.node.netns(), &node.conflist, &pod_ref, &cni_path())?;
         self.objects().remove(&pod.spec.file());
         self.pods.retain(|p| p.spec.name != name);
+        Ok(())
+    }
+
+    /// Every pod created and not deleted, in creation order.
+    pub fn pods(&self) -> &[MeshPod] {
+        &self.pods
+    }
+
+    /// Sets (`Some`) or removes (`None`) a label of a running pod, as `kubectl label` would.
+    pub fn set_pod_label(&mut self, name: &str, key: &str, value: Option<&str>) {
+        let pod = self
+            .pods
+            .iter_mut()
+            .find(|p| p.spec.name == name)
+            .unwrap_or_else(|| panic!("no pod {name}"));
+        match value {
+            Some(value) => pod.spec.labels.insert(key.into(), value.into()),
+            None => pod.spec.labels.remove(key),
+        };
+        let (file, yaml) = (pod.spec.file(), pod.spec.yaml(Some(pod.ip)));
+        self.objects().write(&file, &yaml);
+    }
+
+    /// Deletes a pod as the kubelet does: [`MeshCluster::delete_pod`] (CNI DEL, Pod object
+    /// gone), then the sandbox's network namespace is removed.
+    pub fn remove_pod(&mut self, name: &str) -> Result<(), CniFailure> {
+        let netns = self.pod(name).netns.clone();
+        self.delete_pod(name)?;
+        let out = Command::new("ip")
+            .args(["netns", "del", netns.name()])
+            .output()
+            .expect("run ip netns del");
+        assert!(
+            out.status.success(),
+            "ip netns del {}: {}",
+            netns.name(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         Ok(())
     }
 
@@ -342,7 +464,13 @@ fn cni_path() -> Vec<PathBuf> {
     vec![PathBuf::from(DEBIAN_CNI_DIR), ours]
 }
 
-fn start_node(istiod: &Istiod, node: Node, dir: &Path, redirection: Redirection) -> MeshNode {
+fn start_node(
+    istiod: &Istiod,
+    node: Node,
+    dir: &Path,
+    redirection: Redirection,
+    ztunnel_env: &[(&str, &str)],
+) -> MeshNode {
     let node_dir = dir.join(node.name());
     let run_dir = node_dir.join("istio-cni");
     std::fs::create_dir_all(&run_dir).expect("node dir");
@@ -376,7 +504,14 @@ fn start_node(istiod: &Istiod, node: Node, dir: &Path, redirection: Redirection)
         ip: node.ip(),
     };
     agent.spawn();
-    let ztunnel = Ztunnel::start(node.netns(), node.name(), node.ip(), istiod, &zds, &[]);
+    let ztunnel = Ztunnel::start(
+        node.netns(),
+        node.name(),
+        node.ip(),
+        istiod,
+        &zds,
+        ztunnel_env,
+    );
     let conflist = ConfList::new(json!({
         "cniVersion": "1.0.0",
         "name": format!("mesh-{}", node.name()),

@@ -81,13 +81,27 @@ pub fn add(
     pod: &PodRef<'_>,
     cni_path: &[PathBuf],
 ) -> Result<Value, CniFailure> {
+    add_timed(node, list, pod, cni_path).map(|(result, _)| result)
+}
+
+/// [`add`], also returning how long each plugin took (process start to exit), in order.
+pub fn add_timed(
+    node: &Netns,
+    list: &ConfList,
+    pod: &PodRef<'_>,
+    cni_path: &[PathBuf],
+) -> Result<(Value, Vec<(String, std::time::Duration)>), CniFailure> {
     let mut prev: Option<Value> = None;
+    let mut timings = Vec::new();
     for plugin in list.plugins() {
         let conf = list.plugin_conf(&plugin, prev.as_ref());
+        let started = std::time::Instant::now();
         let out = exec(node, "ADD", &conf, pod, cni_path)?;
+        let name = plugin["type"].as_str().unwrap_or_default().to_string();
+        timings.push((name, started.elapsed()));
         prev = Some(out);
     }
-    Ok(prev.unwrap_or(Value::Null))
+    Ok((prev.unwrap_or(Value::Null), timings))
 }
 
 /// Runs the chain's DEL in reverse order (every plugin runs even if one fails; the first

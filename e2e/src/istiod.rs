@@ -22,6 +22,7 @@ pub struct Istiod {
     ip: Ipv4Addr,
     pub cluster: ClusterDir,
     dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
     child: Option<ChildGuard>,
 }
 
@@ -35,6 +36,18 @@ impl Istiod {
     /// Starts istiod in `netns` (reachable at `ip`), with a bearer token per node in `nodes`
     /// (see [`Istiod::token_file`]), and waits until it is ready.
     pub fn start(netns: &Netns, ip: Ipv4Addr, cluster: ClusterDir, nodes: &[&str]) -> Istiod {
+        Istiod::start_with_env(netns, ip, cluster, nodes, &[])
+    }
+
+    /// Like [`Istiod::start`] with `extra` environment (e.g. `MAX_WORKLOAD_CERT_TTL`), kept
+    /// across [`Istiod::restart`].
+    pub fn start_with_env(
+        netns: &Netns,
+        ip: Ipv4Addr,
+        cluster: ClusterDir,
+        nodes: &[&str],
+        extra: &[(&str, &str)],
+    ) -> Istiod {
         let dir = tempfile::tempdir().expect("istiod directory");
         let mut tokens = String::from("tokens:\n");
         for node in nodes {
@@ -51,6 +64,10 @@ impl Istiod {
             ip,
             cluster,
             dir,
+            env: extra
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             child: None,
         };
         istiod.spawn();
@@ -100,6 +117,7 @@ impl Istiod {
             ))
             .env("ISTIOD_SERVING_IPS", format!("127.0.0.1,{}", self.ip))
             .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);

@@ -7,11 +7,14 @@
 //! first: `cargo build --workspace --bins` (`scripts/test.sh` does).
 
 pub mod bins;
-pub mod cni;
 pub mod cluster;
+pub mod cni;
 pub mod http;
+pub mod inspect;
 pub mod istiod;
+pub mod load;
 pub mod probe;
+pub mod procfs;
 pub mod ztunnel;
 
 pub use istiod::Istiod;

@@ -181,4 +181,21 @@ impl Ztunnel {
         self.stop(Duration::from_secs(10));
         self.spawn();
     }
+
+    /// The process id while it runs (`None` after [`Ztunnel::stop`] or [`Ztunnel::kill`]).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(ChildGuard::id)
+    }
+
+    /// Its open file descriptors (`/proc/<pid>/fd`), `None` when it is not running.
+    pub fn fd_count(&self) -> Option<usize> {
+        crate::procfs::fd_count(self.pid()?)
+    }
+
+    /// `/config_dump`, or `None` when the admin port does not answer 200 with JSON.
+    pub fn try_config_dump(&self) -> Option<serde_json::Value> {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, ADMIN_PORT));
+        let (status, body) = http::get(&self.netns, addr, "/config_dump")?;
+        (status == 200).then(|| serde_json::from_str(&body).ok())?
+    }
 }
