@@ -1,9 +1,12 @@
 //! A simple HBONE connection pool: connections keyed by (source identity, destination
 //! identities, source IP, destination address), each carrying at most
-//! [`H2Settings::max_streams_per_connection`] streams. No lock is held across a dial or a
-//! handshake, so two concurrent misses for one key may each open a connection; both are kept.
-//! Closed connections, and connections unused for `pool_unused_release_timeout`, are dropped
-//! at the next checkout for their key.
+//! [`H2Settings::max_streams_per_connection`] streams. No pool-wide lock is held across a dial
+//! or a handshake; dials for one key are serialized by that key's own lock (as upstream's
+//! per-destination write lock), and a caller that waited re-checks for room before dialing,
+//! so a burst of connections to one destination opens one HBONE connection per
+//! `max_streams_per_connection` streams, not one per caller. Closed connections, and
+//! connections unused for `pool_unused_release_timeout`, are dropped at the next checkout for
+//! their key.
 //!
 //! The source IP is part of the key because, in shared mode, a connection is dialed from the
 //! source pod's network namespace ([`Pool::dial`] with that pod's socket factory): two pods
@@ -68,6 +71,8 @@ struct Entry {
 pub struct Pool {
     settings: H2Settings,
     conns: Mutex<HashMap<PoolKey, Vec<Entry>>>,
+    /// One dial at a time per key; entries live while someone holds or waits for them.
+    dialing: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -85,6 +90,7 @@ impl Pool {
         Pool {
             settings,
             conns: Mutex::new(HashMap::new()),
+            dialing: Mutex::new(HashMap::new()),
         }
     }
 
@@ -115,8 +121,42 @@ impl Pool {
     }
 
     /// Dials a new connection for `key` with a socket made by `sockets`, pools it and opens
-    /// the tunnel on it. No lock is held while dialing.
+    /// the tunnel on it -- unless, after waiting for another dial to the same key, a pooled
+    /// connection has room. Only this key's lock is held while dialing.
     pub async fn dial(
+        &self,
+        sockets: &dyn SocketFactory,
+        key: &PoolKey,
+        tls: Arc<ClientConfig>,
+        request: &ConnectRequest,
+    ) -> Result<Tunnel, HboneError> {
+        let key_lock = self.dial_lock(key);
+        let result = {
+            let _dialing = key_lock.lock().await;
+            match self.reuse(key, request).await {
+                Some(result) => result,
+                None => self.dial_locked(sockets, key, tls, request).await,
+            }
+        };
+        self.release_dial_lock(key, key_lock);
+        result
+    }
+
+    fn dial_lock(&self, key: &PoolKey) -> Arc<tokio::sync::Mutex<()>> {
+        let mut dialing = self.dialing.lock().unwrap_or_else(PoisonError::into_inner);
+        dialing.entry(key.clone()).or_default().clone()
+    }
+
+    /// Forgets the key's lock once nobody else holds or waits for it (clones are only made
+    /// under the map's mutex, so the count cannot grow while it is checked).
+    fn release_dial_lock(&self, key: &PoolKey, lock: Arc<tokio::sync::Mutex<()>>) {
+        let mut dialing = self.dialing.lock().unwrap_or_else(PoisonError::into_inner);
+        if Arc::strong_count(&lock) == 2 {
+            dialing.remove(key);
+        }
+    }
+
+    async fn dial_locked(
         &self,
         sockets: &dyn SocketFactory,
         key: &PoolKey,
@@ -134,6 +174,14 @@ impl Pool {
             Some(slot) => conn.open_reserved(request, slot).await,
             None => conn.open(request).await,
         }
+    }
+
+    /// Keys with a dial in progress or waited for (for tests).
+    pub fn dials_in_progress(&self) -> usize {
+        self.dialing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Open (not closed) connections for `key`.

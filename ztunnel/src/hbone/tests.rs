@@ -335,6 +335,36 @@ async fn twenty_concurrent_streams_share_one_connection() {
     assert_eq!(conn.active_streams(), 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_to_one_destination_dials_one_connection_per_stream_cap() {
+    let echo = echo_server().await;
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let pool = Arc::new(Pool::new(H2Settings {
+        max_streams_per_connection: 10,
+        ..H2Settings::default()
+    }));
+    let key = PoolKey::new(fx.client_id.clone(), vec![fx.server_id.clone()], fx.hbone);
+    let request = ConnectRequest::new(echo, source());
+    let opens = (0..50).map(|_| {
+        let (pool, key, request, tls) =
+            (pool.clone(), key.clone(), request.clone(), fx.client_tls());
+        tokio::spawn(async move { pool.open(&key, tls, &request).await })
+    });
+    let mut held = Vec::new();
+    for open in opens {
+        held.push(open.await.expect("join").expect("tunnel"));
+    }
+    assert_eq!(
+        pool.connections(&key),
+        5,
+        "50 concurrent tunnels at 10 streams each need 5 connections, not one per caller"
+    );
+    assert_eq!(pool.dials_in_progress(), 0, "dial locks are released");
+    for tunnel in held {
+        assert_eq!(round_trip(tunnel, b"burst").await, b"burst");
+    }
+}
+
 #[tokio::test]
 async fn pool_reuses_connections_and_caps_streams_per_connection() {
     let echo = echo_server().await;
