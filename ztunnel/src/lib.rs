@@ -5,9 +5,11 @@
 //! over by the node agent over ZDS, sockets made inside their netns by `socket` factories);
 //! each pod's proxy (`proxy`: outbound 15001, inbound HBONE 15008, inbound plaintext 15006,
 //! DNS 15053 in `dns`); HBONE itself (`hbone`); L4 authorization (`rbac`); metrics and access
-//! logs (`metrics`); admin, readiness and `/config_dump` (`admin`).
+//! logs (`metrics`); admin, readiness and `/config_dump` (`admin`); glibc malloc tuning
+//! (`allocator`).
 
 pub mod admin;
+pub mod allocator;
 pub mod app;
 pub mod certs;
 pub mod config;

@@ -3,6 +3,8 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // Before any thread exists: arenas are per thread.
+    let refused = ztunnel::allocator::tune();
     let logging = match mesh_runtime::telemetry::init_with_control() {
         Ok((_, control)) => control,
         Err(e) => {
@@ -10,6 +12,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for (param, value) in refused {
+        tracing::warn!(
+            ?param,
+            value,
+            "glibc refused a malloc setting; running with its default"
+        );
+    }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = match ztunnel::config::Config::from_env() {
         Ok(config) => config,

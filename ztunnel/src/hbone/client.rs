@@ -24,7 +24,9 @@ use tracing::Instrument;
 use crate::socket::{LocalSockets, SocketFactory};
 
 use super::copy::{ChunkWrite, Duplex};
-use super::stream::{keepalive, H2Reader, H2Stream, H2Writer, KeepaliveEnd, MAX_SEND_BUFFER};
+use super::stream::{
+    keepalive, H2Reader, H2Stream, H2Writer, KeepaliveEnd, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT,
+};
 use super::{H2Settings, HboneError, BAGGAGE_HEADER, FORWARDED_HEADER, TRACEPARENT_HEADER};
 
 /// One `CONNECT` to send over a [`Connection`].
@@ -148,10 +150,11 @@ impl Connection {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on the HBONE connection");
         }
         let name = ServerName::IpAddress(addr.ip().into());
-        let stream = TlsConnector::from(tls)
+        let mut stream = TlsConnector::from(tls)
             .connect(name, tcp)
             .await
             .map_err(|source| HboneError::Tls { addr, source })?;
+        stream.get_mut().1.set_buffer_limit(Some(TLS_BUFFER_LIMIT));
         let peer_identity = verified_peer(&stream, addr)?;
         let (sender, mut conn) = h2_builder(settings)
             .handshake::<_, Bytes>(stream)

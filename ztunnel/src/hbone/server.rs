@@ -33,7 +33,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use super::copy::{copy_bidirectional, ByteCounters, CopyError, Transferred};
-use super::stream::{keepalive, H2Stream, KeepaliveEnd, MAX_SEND_BUFFER};
+use super::stream::{keepalive, H2Stream, KeepaliveEnd, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT};
 use super::{H2Settings, HboneError};
 
 /// A boxed, sendable future.
@@ -371,7 +371,7 @@ impl Inner {
             source,
         })?;
         let timeout = self.settings.handshake_timeout;
-        let tls = tokio::time::timeout(timeout, self.acceptor.accept(tcp))
+        let mut tls = tokio::time::timeout(timeout, self.acceptor.accept(tcp))
             .await
             .map_err(|_| HboneError::HandshakeTimeout {
                 addr: peer_addr,
@@ -381,6 +381,7 @@ impl Inner {
                 addr: peer_addr,
                 source: clarify_tls_error(source),
             })?;
+        tls.get_mut().1.set_buffer_limit(Some(TLS_BUFFER_LIMIT));
         let (_, session) = tls.get_ref();
         if session.alpn_protocol() != Some(mesh_identity::tls::ALPN_H2) {
             return Err(HboneError::NoH2 { addr: peer_addr });

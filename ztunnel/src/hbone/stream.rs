@@ -16,6 +16,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// default, which the HBONE client and server used before).
 pub(crate) const MAX_SEND_BUFFER: usize = 400 * 1024;
 
+/// Encrypted bytes rustls may queue for the socket (its default is 64 KiB). h2 writes DATA
+/// frames of up to 256 KiB (a copy buffer); with room for a whole frame, rustls takes it in
+/// one call and the records go out in one `writev`, instead of one per 64 KiB.
+pub(crate) const TLS_BUFFER_LIMIT: usize = 256 * 1024;
+
 /// An h2 error as an I/O error (the underlying one when there is one).
 pub(crate) fn h2_to_io(e: h2::Error) -> io::Error {
     if e.is_io() {
