@@ -1,16 +1,12 @@
 //! One ztunnel connection on the `SOCK_SEQPACKET` socket: whole-datagram sends (with an
 //! optional netns fd as `SCM_RIGHTS`) and receives, each bounded by [`ACK_DEADLINE`].
 
-use std::io::{self, IoSlice};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 
-use mesh_proto::workload::zds::{workload_response, Version, WorkloadResponse, ZdsHello};
-use nix::sys::socket::{
-    self as sock, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
-};
+use mesh_proto::workload::zds::{Version, ZdsHello};
 use prost::Message;
-use tokio::io::Interest;
 use tokio::net::UnixStream;
 
 use super::ACK_DEADLINE;
@@ -48,46 +44,12 @@ impl ConnError {
 
 /// Creates the listening socket at `path`, replacing a stale socket file.
 pub(crate) fn listen(path: &Path) -> io::Result<UnixStream> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    let fd = sock::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    sock::bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
-    sock::listen(&fd, sock::Backlog::new(16)?)?;
-    // Registered as a UnixStream only for readiness; accept4 does the work.
-    UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))
+    mesh_zds::listen(path)
 }
 
 /// Accepts one connection (waits until there is one).
 pub(crate) async fn accept(listener: &UnixStream) -> io::Result<UnixStream> {
-    let raw = listener.as_raw_fd();
-    let fd = listener
-        .async_io(Interest::READABLE, || {
-            sock::accept4(raw, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC)
-                .map(own_accepted_fd)
-                .map_err(io::Error::from)
-        })
-        .await?;
-    UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))
-}
-
-#[expect(
-    unsafe_code,
-    reason = "accept4 returns a raw fd that nothing else owns"
-)]
-fn own_accepted_fd(fd: RawFd) -> OwnedFd {
-    // SAFETY: accept4 just created `fd` for this call and returned it only to us, so we are
-    // its only owner and it is closed exactly once when the OwnedFd drops.
-    unsafe { OwnedFd::from_raw_fd(fd) }
+    mesh_zds::accept(listener).await
 }
 
 /// Sends `bytes` (and `fd`) as one datagram.
@@ -96,34 +58,15 @@ pub(crate) async fn send(
     bytes: &[u8],
     fd: Option<BorrowedFd<'_>>,
 ) -> Result<(), ConnError> {
-    let raw = conn.as_raw_fd();
-    let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
-    let iov = [IoSlice::new(bytes)];
-    let cmsgs: Vec<ControlMessage<'_>> = match fds.is_empty() {
-        true => Vec::new(),
-        false => vec![ControlMessage::ScmRights(&fds)],
-    };
-    let sent = conn.async_io(Interest::WRITABLE, || {
-        sock::sendmsg::<()>(raw, &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)
-            .map_err(io::Error::from)
-    });
-    tokio::time::timeout(ACK_DEADLINE, sent)
+    tokio::time::timeout(ACK_DEADLINE, mesh_zds::send(conn, bytes, fd))
         .await
         .map_err(|_| ConnError::Timeout { what: "send" })?
-        .map(|_| ())
         .map_err(|source| ConnError::Io { op: "send", source })
 }
 
 /// Reads one datagram. Cancel-safe: nothing is consumed unless it returns.
 pub(crate) async fn recv(conn: &UnixStream, what: &'static str) -> Result<Vec<u8>, ConnError> {
-    let raw = conn.as_raw_fd();
-    let buf = conn
-        .async_io(Interest::READABLE, || {
-            let mut buf = vec![0u8; MAX_DATAGRAM];
-            let n = sock::recv(raw, &mut buf, MsgFlags::empty()).map_err(io::Error::from)?;
-            buf.truncate(n);
-            Ok(buf)
-        })
+    let buf = mesh_zds::recv(conn, MAX_DATAGRAM)
         .await
         .map_err(|source| ConnError::Io { op: what, source })?;
     match buf.is_empty() {
@@ -166,16 +109,8 @@ pub(crate) async fn exchange(
 ) -> Result<Result<(), String>, ConnError> {
     send(conn, bytes, fd).await?;
     let buf = recv_deadline(conn, "ack").await?;
-    let response = WorkloadResponse::decode(&buf[..]).map_err(|e| ConnError::Protocol {
+    mesh_zds::decode_ack(&buf).map_err(|detail| ConnError::Protocol {
         what: "ack",
-        detail: e.to_string(),
-    })?;
-    match response.payload {
-        Some(workload_response::Payload::Ack(ack)) if ack.error.is_empty() => Ok(Ok(())),
-        Some(workload_response::Payload::Ack(ack)) => Ok(Err(ack.error)),
-        None => Err(ConnError::Protocol {
-            what: "ack",
-            detail: "WorkloadResponse without payload".to_string(),
-        }),
-    }
+        detail,
+    })
 }

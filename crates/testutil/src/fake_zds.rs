@@ -5,21 +5,17 @@
 //! `Add`/`Del` requests, or raw bytes, and gets the ack back. Every ack is awaited for at most
 //! [`ACK_DEADLINE`], as the real node agent does.
 
-use std::io::{self, IoSlice};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use mesh_proto::workload::zds::{
-    workload_request::Payload, workload_response, AddWorkload, DelWorkload, KeepWorkload,
-    SnapshotSent, Version, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello,
-};
-use nix::sys::socket::{
-    self as sock, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
+    workload_request::Payload, AddWorkload, DelWorkload, KeepWorkload, SnapshotSent, Version,
+    WorkloadInfo, WorkloadRequest, ZdsHello,
 };
 use prost::Message;
-use tokio::io::Interest;
 use tokio::net::UnixStream;
 use tokio::sync::{watch, Mutex};
 use tokio::task::JoinHandle;
@@ -72,7 +68,7 @@ impl FakeZdsError {
 }
 
 /// The result of one request: `Ok(())` = ACK, `Err(text)` = NACK with its error text.
-pub type AckResult = Result<(), String>;
+pub type AckResult = mesh_zds::AckResult;
 
 /// One pod of the snapshot.
 #[derive(Clone, Debug)]
@@ -149,7 +145,7 @@ impl FakeZds {
     /// Listens at `path` (replacing a stale socket file) and serves `snapshot` to every
     /// ztunnel that connects. Must be called within a Tokio runtime.
     pub fn start(path: &Path, snapshot: Vec<SnapshotItem>) -> Result<FakeZds, FakeZdsError> {
-        let listener = listen(path).map_err(|source| FakeZdsError::Bind {
+        let listener = mesh_zds::listen(path).map_err(|source| FakeZdsError::Bind {
             path: path.to_path_buf(),
             source,
         })?;
@@ -271,36 +267,9 @@ fn request(payload: Payload) -> Vec<u8> {
     .encode_to_vec()
 }
 
-fn listen(path: &Path) -> io::Result<UnixStream> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    let fd = sock::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    sock::bind(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
-    sock::listen(&fd, sock::Backlog::new(16)?)?;
-    // Registered as a UnixStream only for readiness; accept4 does the work.
-    UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))
-}
-
 async fn accept_loop(listener: UnixStream, shared: Arc<Shared>) {
     loop {
-        let raw = listener.as_raw_fd();
-        let accepted = listener
-            .async_io(Interest::READABLE, || {
-                sock::accept4(raw, SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC)
-                    .map(own_accepted_fd)
-                    .map_err(io::Error::from)
-            })
-            .await;
-        let conn = match accepted
-            .and_then(|fd| UnixStream::from_std(std::os::unix::net::UnixStream::from(fd)))
-        {
+        let conn = match mesh_zds::accept(&listener).await {
             Ok(conn) => conn,
             Err(e) => {
                 lock(&shared.failures).push(format!("accept: {e}"));
@@ -322,15 +291,6 @@ async fn accept_loop(listener: UnixStream, shared: Arc<Shared>) {
             Err(e) => lock(&shared.failures).push(e.to_string()),
         }
     }
-}
-
-#[expect(
-    unsafe_code,
-    reason = "accept4 returns a raw fd that nothing else owns"
-)]
-fn own_accepted_fd(fd: RawFd) -> OwnedFd {
-    // SAFETY: accept4 just created `fd` for this call; we are its only owner.
-    unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
 /// Checks the hello, sends the snapshot and `SnapshotSent`, returning every ack.
@@ -374,33 +334,14 @@ async fn send(
     bytes: &[u8],
     fd: Option<BorrowedFd<'_>>,
 ) -> Result<(), FakeZdsError> {
-    let raw = conn.as_raw_fd();
-    let fds: Vec<RawFd> = fd.iter().map(|f| f.as_raw_fd()).collect();
-    let iov = [IoSlice::new(bytes)];
-    let cmsgs: Vec<ControlMessage<'_>> = match fds.is_empty() {
-        true => Vec::new(),
-        false => vec![ControlMessage::ScmRights(&fds)],
-    };
-    let sent = conn.async_io(Interest::WRITABLE, || {
-        sock::sendmsg::<()>(raw, &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)
-            .map_err(io::Error::from)
-    });
-    tokio::time::timeout(ACK_DEADLINE, sent)
+    tokio::time::timeout(ACK_DEADLINE, mesh_zds::send(conn, bytes, fd))
         .await
         .map_err(|_| FakeZdsError::Timeout { what: "send" })?
-        .map(|_| ())
         .map_err(|source| FakeZdsError::Io { op: "send", source })
 }
 
 async fn recv_datagram(conn: &UnixStream, what: &'static str) -> Result<Vec<u8>, FakeZdsError> {
-    let raw = conn.as_raw_fd();
-    let received = conn.async_io(Interest::READABLE, || {
-        let mut buf = vec![0u8; 4096];
-        let n = sock::recv(raw, &mut buf, MsgFlags::empty()).map_err(io::Error::from)?;
-        buf.truncate(n);
-        Ok(buf)
-    });
-    let buf = tokio::time::timeout(ACK_DEADLINE, received)
+    let buf = tokio::time::timeout(ACK_DEADLINE, mesh_zds::recv(conn, 4096))
         .await
         .map_err(|_| FakeZdsError::Timeout { what })?
         .map_err(|source| FakeZdsError::Io { op: what, source })?;
@@ -412,16 +353,8 @@ async fn recv_datagram(conn: &UnixStream, what: &'static str) -> Result<Vec<u8>,
 
 async fn recv_ack(conn: &UnixStream) -> Result<AckResult, FakeZdsError> {
     let buf = recv_datagram(conn, "ack").await?;
-    let response = WorkloadResponse::decode(&buf[..]).map_err(|e| FakeZdsError::Protocol {
+    mesh_zds::decode_ack(&buf).map_err(|detail| FakeZdsError::Protocol {
         what: "ack",
-        detail: e.to_string(),
-    })?;
-    match response.payload {
-        Some(workload_response::Payload::Ack(ack)) if ack.error.is_empty() => Ok(Ok(())),
-        Some(workload_response::Payload::Ack(ack)) => Ok(Err(ack.error)),
-        None => Err(FakeZdsError::Protocol {
-            what: "ack",
-            detail: "WorkloadResponse without payload".to_string(),
-        }),
-    }
+        detail,
+    })
 }
