@@ -11,6 +11,7 @@
 //! - [`pool`]: connections keyed by (source identity, destination identities, source IP,
 //!   destination address), at most [`H2Settings::max_streams_per_connection`] streams each; the
 //!   source IP keeps pods from sharing a connection dialed from one pod's network namespace.
+//! - [`read_buffer`]: large socket reads under rustls (it asks for 4 KiB at a time).
 //! - [`copy`]: bidirectional copy with half-close propagation and live byte counters.
 //! - [`stream`]: a tunnel as h2's stream pair (the `h2` crate directly, no hyper upgrade
 //!   layer: DATA frames move as `Bytes` between the socket and h2 without extra copies), and
@@ -23,6 +24,7 @@ use http::StatusCode;
 pub mod client;
 pub mod copy;
 pub mod pool;
+pub mod read_buffer;
 pub mod server;
 pub mod stream;
 

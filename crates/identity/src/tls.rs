@@ -113,9 +113,17 @@ pub enum ClientAuth {
     RequireSpiffe,
 }
 
-/// The crypto provider used everywhere: ring.
+/// The crypto provider used everywhere: ring, restricted to the suites Istio's ztunnel offers
+/// (COMPAT: TLS 1.3 with AES-256-GCM, then AES-128-GCM; no ChaCha20, which FIPS excludes).
 pub fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    use rustls::crypto::ring::{cipher_suite, default_provider};
+    Arc::new(CryptoProvider {
+        cipher_suites: vec![
+            cipher_suite::TLS13_AES_256_GCM_SHA384,
+            cipher_suite::TLS13_AES_128_GCM_SHA256,
+        ],
+        ..default_provider()
+    })
 }
 
 /// Parses every PEM certificate in `pem`.

@@ -24,6 +24,7 @@ use tracing::Instrument;
 use crate::socket::{LocalSockets, SocketFactory};
 
 use super::copy::{ChunkWrite, Duplex};
+use super::read_buffer::ReadBuffered;
 use super::stream::{
     keepalive, H2Reader, H2Stream, H2Writer, KeepaliveEnd, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT,
 };
@@ -151,7 +152,7 @@ impl Connection {
         }
         let name = ServerName::IpAddress(addr.ip().into());
         let mut stream = TlsConnector::from(tls)
-            .connect(name, tcp)
+            .connect(name, ReadBuffered::new(tcp))
             .await
             .map_err(|source| HboneError::Tls { addr, source })?;
         stream.get_mut().1.set_buffer_limit(Some(TLS_BUFFER_LIMIT));
@@ -276,7 +277,10 @@ impl Connection {
     }
 }
 
-fn verified_peer(stream: &TlsStream<TcpStream>, addr: SocketAddr) -> Result<Identity, HboneError> {
+fn verified_peer(
+    stream: &TlsStream<ReadBuffered<TcpStream>>,
+    addr: SocketAddr,
+) -> Result<Identity, HboneError> {
     let (_, session) = stream.get_ref();
     if session.alpn_protocol() != Some(mesh_identity::tls::ALPN_H2) {
         return Err(HboneError::NoH2 { addr });

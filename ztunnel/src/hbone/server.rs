@@ -33,6 +33,7 @@ use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use super::copy::{copy_bidirectional, ByteCounters, CopyError, Transferred};
+use super::read_buffer::ReadBuffered;
 use super::stream::{keepalive, H2Stream, KeepaliveEnd, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT};
 use super::{H2Settings, HboneError};
 
@@ -365,13 +366,19 @@ impl Inner {
         &self,
         tcp: TcpStream,
         peer_addr: SocketAddr,
-    ) -> Result<(tokio_rustls::server::TlsStream<TcpStream>, ConnContext), HboneError> {
+    ) -> Result<
+        (
+            tokio_rustls::server::TlsStream<ReadBuffered<TcpStream>>,
+            ConnContext,
+        ),
+        HboneError,
+    > {
         let local_addr = tcp.local_addr().map_err(|source| HboneError::Tls {
             addr: peer_addr,
             source,
         })?;
         let timeout = self.settings.handshake_timeout;
-        let mut tls = tokio::time::timeout(timeout, self.acceptor.accept(tcp))
+        let mut tls = tokio::time::timeout(timeout, self.acceptor.accept(ReadBuffered::new(tcp)))
             .await
             .map_err(|_| HboneError::HandshakeTimeout {
                 addr: peer_addr,

@@ -32,6 +32,10 @@ pub struct Args {
     /// Seconds per iperf3 run.
     #[arg(long, default_value_t = 10)]
     iperf_secs: u64,
+    /// Alternating direct / mesh rounds of each iperf3 test; the round with the median
+    /// mesh/direct ratio is reported (direct throughput alone varies by ~20% run to run here).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Parallel streams of the multi-stream iperf3 run.
     #[arg(long, default_value_t = 8)]
     streams: u32,
@@ -59,6 +63,7 @@ impl Args {
     fn effective(mut self) -> Args {
         if self.quick {
             self.iperf_secs = 1;
+            self.rounds = 1;
             self.round_trips = 1_000;
             self.warmup = 100;
             self.churn_secs = 1;
@@ -174,16 +179,35 @@ fn both<T>(
     })
 }
 
+/// Runs `round` `rounds` times; returns the round with the median mesh/direct throughput
+/// ratio and every round's ratio in run order.
+fn median_round(
+    rounds: usize,
+    mut round: impl FnMut() -> anyhow::Result<Pair<iperf::Throughput>>,
+) -> anyhow::Result<(Pair<iperf::Throughput>, Vec<f64>)> {
+    let ratio = |p: &Pair<iperf::Throughput>| p.mesh.gbps() / p.direct.gbps();
+    let mut all = (0..rounds.max(1))
+        .map(|_| round())
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let ratios: Vec<f64> = all.iter().map(ratio).collect();
+    all.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
+    let median = all.swap_remove(all.len() / 2);
+    Ok((median, ratios))
+}
+
 fn traffic(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Result<Results> {
     let iperf = |streams: u32| {
         move |p: &Path| iperf::run_client(&p.client, p.server_ip, args.iperf_secs, streams, scratch)
     };
-    let single = both(c, "iperf3 1 stream", iperf(1))?;
-    let multi = both(
-        c,
-        &format!("iperf3 {} streams", args.streams),
-        iperf(args.streams),
-    )?;
+    let (single, single_ratios) =
+        median_round(args.rounds, || both(c, "iperf3 1 stream", iperf(1)))?;
+    let (multi, multi_ratios) = median_round(args.rounds, || {
+        both(
+            c,
+            &format!("iperf3 {} streams", args.streams),
+            iperf(args.streams),
+        )
+    })?;
     let latency = both(c, "ping-pong", |p| {
         let mut samples = load::round_trips(
             &p.client,
@@ -206,6 +230,8 @@ fn traffic(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Resul
     Ok(Results {
         single,
         multi,
+        single_ratios,
+        multi_ratios,
         latency,
         churn,
         ..Results::default()

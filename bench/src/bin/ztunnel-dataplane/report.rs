@@ -41,6 +41,9 @@ impl std::fmt::Display for Rss {
 pub struct Results {
     pub single: Pair<Throughput>,
     pub multi: Pair<Throughput>,
+    /// mesh/direct of every round, in run order (the median round is reported).
+    pub single_ratios: Vec<f64>,
+    pub multi_ratios: Vec<f64>,
     /// p50, p99 in microseconds.
     pub latency: Pair<[f64; 2]>,
     pub churn: Pair<Churn>,
@@ -74,6 +77,13 @@ fn ratio(direct: f64, mesh: f64) -> String {
     format!("{:.2}x", mesh / direct)
 }
 
+fn ratios(all: &[f64]) -> String {
+    all.iter()
+        .map(|r| format!("{r:.2}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// ztunnel CPU (both) per wall second, per Gbit/s received.
 fn cores_per_gbps(p: &Pair<Throughput>) -> f64 {
     p.cpu_mesh / p.mesh.wall.as_secs_f64() / p.mesh.gbps()
@@ -103,6 +113,14 @@ fn throughput_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
             &format!("{mn:.2}"),
             &ratio(dn, mn),
             "",
+            "",
+        ]),
+        row([
+            &format!("mesh/direct of each round, 1 / {n} streams"),
+            "",
+            "",
+            &format!("{} / {}", ratios(&r.single_ratios), ratios(&r.multi_ratios)),
+            "median round above",
             "",
         ]),
         row([
@@ -294,12 +312,19 @@ fn no_fd_leak(idle_conns: usize, r: &Results) -> bool {
 /// Prints the table (stdout).
 pub fn print(args: &Args, r: &Results) {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let workers = std::env::var("ZTUNNEL_WORKER_THREADS").unwrap_or_else(|_| "default".to_string());
     println!(
         "\nztunnel data plane: direct = unenrolled pods node1 -> node2; mesh = client -> ztunnel \
          -> HBONE -> ztunnel -> server.\n{cores} cores shared by everything (2 ztunnels with \
-         default ZTUNNEL_WORKER_THREADS, istiod, iperf3, this process). iperf3 {} s runs; \
-         {} round trips after {} warm-up; {} s of churn; {} idle connections.\n",
-        args.iperf_secs, args.round_trips, args.warmup, args.churn_secs, args.idle_conns
+         {workers} ZTUNNEL_WORKER_THREADS, istiod, iperf3, this process). iperf3 {} s runs, \
+         {} alternating direct/mesh rounds each; {} round trips after {} warm-up; {} s of churn; \
+         {} idle connections.\n",
+        args.iperf_secs,
+        args.rounds,
+        args.round_trips,
+        args.warmup,
+        args.churn_secs,
+        args.idle_conns
     );
     let mut rows = throughput_rows(args, r);
     rows.extend(latency_rows(args, r));

@@ -54,6 +54,10 @@ async fn handshake(
             conn.protocol_version(),
             Some(rustls::ProtocolVersion::TLSv1_3)
         );
+        assert_eq!(
+            conn.negotiated_cipher_suite().map(|s| s.suite()),
+            Some(rustls::CipherSuite::TLS13_AES_256_GCM_SHA384)
+        );
         let peer = peer_identity_of(conn.peer_certificates()).ok();
         let mut buf = [0u8; 4];
         tls.read_exact(&mut buf).await.ok()?;
@@ -210,5 +214,45 @@ fn peer_identity_rules() {
             .expect_err("junk")
             .reason(),
         "no_certificates"
+    );
+}
+
+#[tokio::test]
+async fn only_istio_cipher_suites_are_offered_and_aes_256_is_preferred() {
+    let suites: Vec<_> = provider().cipher_suites.iter().map(|s| s.suite()).collect();
+    assert_eq!(
+        suites,
+        [
+            rustls::CipherSuite::TLS13_AES_256_GCM_SHA384,
+            rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
+        ]
+    );
+    let mesh = Mesh::new();
+    let server_id = id("spiffe://cluster.local/ns/default/sa/server");
+    let server = server_config(mesh.cert_for(&server_id), &mesh.roots(), ClientAuth::None)
+        .expect("server config");
+    // A peer that only speaks ChaCha20-Poly1305 finds no common suite.
+    let chacha_only = rustls::crypto::CryptoProvider {
+        cipher_suites: vec![rustls::crypto::ring::cipher_suite::TLS13_CHACHA20_POLY1305_SHA256],
+        ..rustls::crypto::ring::default_provider()
+    };
+    let client = ClientConfig::builder_with_provider(Arc::new(chacha_only))
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("versions")
+        .with_root_certificates(root_store(&mesh.roots()).expect("roots"))
+        .with_no_client_auth();
+    let (c, s) = tokio::io::duplex(64 * 1024);
+    let acceptor = TlsAcceptor::from(Arc::new(server.clone()));
+    let server_task = tokio::spawn(async move { acceptor.accept(s).await.map(|_| ()) });
+    let name = ServerName::try_from("10.0.0.2").expect("name");
+    let refused = TlsConnector::from(Arc::new(client)).connect(name, c).await;
+    assert!(refused.is_err());
+    let server_err = server_task
+        .await
+        .expect("task")
+        .expect_err("no common suite");
+    assert!(
+        server_err.to_string().contains("NoCipherSuitesInCommon"),
+        "{server_err}"
     );
 }
