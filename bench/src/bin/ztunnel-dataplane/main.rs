@@ -152,12 +152,36 @@ fn run(args: &Args) -> anyhow::Result<Results> {
     Ok(results)
 }
 
-/// Runs `f` and returns its result with the CPU time both ztunnels used meanwhile.
-fn with_cpu<T>(pids: &[u32], f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, f64)> {
-    let before = procfs::cpu_total(pids)?;
+/// CPU seconds used while one measurement ran.
+struct CpuUse {
+    /// Both ztunnels, user + system.
+    ztunnel: f64,
+    /// Both ztunnels, system only (the kernel's TCP and netfilter work done in their syscalls).
+    ztunnel_system: f64,
+    /// Every process and interrupt of the machine.
+    machine: f64,
+}
+
+/// Runs `f` and returns its result with the CPU time used meanwhile.
+fn with_cpu<T>(pids: &[u32], f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, CpuUse)> {
+    let before = (
+        procfs::cpu_total(pids)?,
+        procfs::system_total(pids)?,
+        procfs::machine_busy()?,
+    );
     let out = f()?;
-    let used = procfs::cpu_total(pids)?.saturating_sub(before);
-    Ok((out, used.as_secs_f64()))
+    let used = CpuUse {
+        ztunnel: procfs::cpu_total(pids)?
+            .saturating_sub(before.0)
+            .as_secs_f64(),
+        ztunnel_system: procfs::system_total(pids)?
+            .saturating_sub(before.1)
+            .as_secs_f64(),
+        machine: procfs::machine_busy()?
+            .saturating_sub(before.2)
+            .as_secs_f64(),
+    };
+    Ok((out, used))
 }
 
 /// Runs `f` on the direct path, then on the mesh path.
@@ -174,8 +198,11 @@ fn both<T>(
     Ok(Pair {
         direct,
         mesh,
-        cpu_direct,
-        cpu_mesh,
+        cpu_direct: cpu_direct.ztunnel,
+        cpu_mesh: cpu_mesh.ztunnel,
+        system_mesh: cpu_mesh.ztunnel_system,
+        machine_direct: cpu_direct.machine,
+        machine_mesh: cpu_mesh.machine,
     })
 }
 

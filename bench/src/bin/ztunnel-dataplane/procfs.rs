@@ -24,6 +24,12 @@ pub fn find_pid(netns: &Netns, name: &str) -> anyhow::Result<u32> {
 
 /// User + system CPU time of `pid` so far.
 pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+    let (user, system) = cpu_split(pid)?;
+    Ok(user + system)
+}
+
+/// User and system CPU time of `pid` so far.
+pub fn cpu_split(pid: u32) -> anyhow::Result<(Duration, Duration)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("reading /proc/{pid}/stat: is the process gone?"))?;
     // `comm` is in parentheses and may contain spaces: the fields start after the last ')'.
@@ -39,8 +45,36 @@ pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
             .context("short /proc/<pid>/stat")?
             .parse::<u64>()? as f64)
     };
-    let total = ticks(11)? + ticks(12)?;
-    Ok(Duration::from_secs_f64(total / TICKS_PER_SECOND))
+    let secs = |t: f64| Duration::from_secs_f64(t / TICKS_PER_SECOND);
+    Ok((secs(ticks(11)?), secs(ticks(12)?)))
+}
+
+/// System CPU time of `pids`, summed.
+pub fn system_total(pids: &[u32]) -> anyhow::Result<Duration> {
+    pids.iter().map(|&pid| Ok(cpu_split(pid)?.1)).sum()
+}
+
+/// CPU time every CPU of the machine spent busy so far (`/proc/stat`: user, nice, system,
+/// irq and softirq; not idle, iowait or steal).
+pub fn machine_busy() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    machine_busy_of(&stat)
+}
+
+fn machine_busy_of(stat: &str) -> anyhow::Result<Duration> {
+    let cpu = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu "))
+        .context("no aggregate cpu line in /proc/stat")?;
+    let f: Vec<u64> = cpu
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .context("malformed cpu line in /proc/stat")?;
+    anyhow::ensure!(f.len() >= 7, "short cpu line in /proc/stat");
+    // user nice system idle iowait irq softirq [steal guest guest_nice]
+    let busy = f[0] + f[1] + f[2] + f[5] + f[6];
+    Ok(Duration::from_secs_f64(busy as f64 / TICKS_PER_SECOND))
 }
 
 /// Summed CPU time of `pids`.

@@ -15,6 +15,11 @@ pub struct Pair<T> {
     /// ztunnel CPU seconds (both processes) while the direct run went on: should be ~0.
     pub cpu_direct: f64,
     pub cpu_mesh: f64,
+    /// Of `cpu_mesh`, system time.
+    pub system_mesh: f64,
+    /// Busy CPU seconds of the whole machine during each run.
+    pub machine_direct: f64,
+    pub machine_mesh: f64,
 }
 
 /// A figure per ztunnel (node1, node2), MiB.
@@ -86,7 +91,12 @@ fn ratios(all: &[f64]) -> String {
 
 /// ztunnel CPU (both) per wall second, per Gbit/s received.
 fn cores_per_gbps(p: &Pair<Throughput>) -> f64 {
-    p.cpu_mesh / p.mesh.wall.as_secs_f64() / p.mesh.gbps()
+    per_gbps(p.cpu_mesh, &p.mesh)
+}
+
+/// CPU seconds as cores (per wall second of the run) per Gbit/s it carried.
+fn per_gbps(cpu_secs: f64, t: &Throughput) -> f64 {
+    cpu_secs / t.wall.as_secs_f64() / t.gbps()
 }
 
 fn throughput_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
@@ -146,6 +156,22 @@ fn throughput_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
             "",
             "<= 0.15",
             &verdict(cn <= MAX_CORES_PER_GBPS),
+        ]),
+        row([
+            "  of which kernel (system time), 1 stream",
+            "-",
+            &format!("{:.3}", per_gbps(r.single.system_mesh, &r.single.mesh)),
+            "",
+            "",
+            "",
+        ]),
+        row([
+            "whole machine CPU cores per Gbit/s, 1 stream",
+            &format!("{:.3}", per_gbps(r.single.machine_direct, &r.single.direct)),
+            &format!("{:.3}", per_gbps(r.single.machine_mesh, &r.single.mesh)),
+            "",
+            "",
+            "",
         ]),
     ]
 }
