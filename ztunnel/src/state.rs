@@ -16,16 +16,18 @@ use prost::Message;
 
 use crate::rbac::{Policy, PolicySet, RbacError};
 
+mod address_dump;
 mod dump;
 mod local;
 mod shared;
 mod types;
 
+pub use address_dump::{EndpointDump, GatewayDump, ServiceDump, WorkloadDump};
 pub use dump::{PolicyDump, StateDump};
 pub use shared::SharedState;
 pub use types::{
     ApplicationTunnel, GatewayAddress, GatewayDestination, LoadBalancing, Locality, NetworkAddress,
-    Port, Service, WeightedWaypoint, WireName, Workload,
+    Port, Service, WeightedWaypoint, Workload,
 };
 
 #[cfg(test)]

@@ -67,8 +67,20 @@ pub struct Workload {
     pub protocol: String,
     pub status: String,
     pub waypoint: Option<Gateway>,
-    /// `namespace/hostname` of the services selecting this workload (our ztunnel).
-    pub services: BTreeMap<String, Value>,
+    /// The services selecting this workload: a list of `namespace/hostname` (upstream ztunnel
+    /// and ours now) or a map keyed by them (our ztunnel before it took upstream's shapes).
+    pub services: Value,
+}
+
+impl Workload {
+    /// Whether the service `namespace/hostname` selects this workload.
+    pub fn in_service(&self, key: &str) -> bool {
+        match &self.services {
+            Value::Array(keys) => keys.iter().any(|k| k.as_str() == Some(key)),
+            Value::Object(map) => map.contains_key(key),
+            _ => false,
+        }
+    }
 }
 
 /// A waypoint reference.

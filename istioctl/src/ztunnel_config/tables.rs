@@ -110,7 +110,7 @@ pub fn services(dump: &ConfigDump, filter: &Filter) -> String {
                 None => dump
                     .workloads
                     .iter()
-                    .filter(|w| w.view.services.contains_key(&key))
+                    .filter(|w| w.view.in_service(&key))
                     .map(|w| Some(&w.view))
                     .collect(),
             };

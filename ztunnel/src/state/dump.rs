@@ -1,11 +1,13 @@
-//! The `/config_dump` view of the state (camelCase JSON: IPs as strings, enums as names), and
+//! The `/config_dump` view of the state (workloads and services in upstream ztunnel's shapes,
+//! see `address_dump`), and
 //! the policy shape shared with the `LOCAL_XDS_PATH` YAML (`rules` as nested lists).
 
 use ipnet::IpNet;
 use mesh_proto::security as sec;
 use serde::{Deserialize, Serialize};
 
-use super::{Service, State, Workload};
+use super::address_dump::{ServiceDump, WorkloadDump};
+use super::State;
 use crate::rbac::{self, Policy, RbacMatch};
 
 /// Everything the state holds, for `/config_dump`.
@@ -13,17 +15,20 @@ use crate::rbac::{self, Policy, RbacMatch};
 #[serde(rename_all = "camelCase")]
 pub struct StateDump<'a> {
     /// Workloads in uid order.
-    pub workloads: Vec<&'a Workload>,
-    /// Services in `namespace/hostname` order.
-    pub services: Vec<&'a Service>,
+    pub workloads: Vec<WorkloadDump<'a>>,
+    /// Services in `namespace/hostname` order, with their endpoints.
+    pub services: Vec<ServiceDump<'a>>,
     /// Policies in `namespace/name` order.
     pub policies: Vec<PolicyDump>,
 }
 
 pub(super) fn dump(state: &State) -> StateDump<'_> {
     StateDump {
-        workloads: state.workloads().collect(),
-        services: state.services().collect(),
+        workloads: state.workloads().map(WorkloadDump::from).collect(),
+        services: state
+            .services()
+            .map(|s| ServiceDump::new(s, state))
+            .collect(),
         policies: state.policies().iter().map(PolicyDump::from).collect(),
     }
 }

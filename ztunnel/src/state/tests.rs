@@ -247,22 +247,224 @@ fn policies_apply_remove_and_select() {
 }
 
 #[test]
-fn dump_uses_strings_and_names() {
+fn dump_uses_upstream_ztunnel_shapes() {
     let mut s = State::new();
-    s.apply_address(W1, Some(&encode_workload(workload(W1, &["10.0.0.1"]))))
-        .expect("w");
-    let svc = encode_service(service("echo.default.svc.cluster.local", "10.96.0.10"));
-    s.apply_address(SVC, Some(&svc)).expect("svc");
+    let mut w1 = workload(W1, &["10.0.0.1"]);
+    w1.services.insert(
+        SVC.to_string(),
+        pb::PortList {
+            ports: vec![pb::Port {
+                service_port: 80,
+                target_port: 8080,
+                app_protocol: 0,
+            }],
+        },
+    );
+    w1.waypoint = Some(pb::GatewayAddress {
+        destination: Some(pb::gateway_address::Destination::Hostname(
+            pb::NamespacedHostname {
+                namespace: "default".to_string(),
+                hostname: "waypoint.default.svc.cluster.local".to_string(),
+            },
+        )),
+        hbone_mtls_port: 15008,
+    });
+    w1.workload_type = pb::WorkloadType::Deployment as i32;
+    s.apply_address(W1, Some(&encode_workload(w1))).expect("w1");
+    // An unhealthy workload of the same service, with no trust domain or service account.
+    let mut w2 = workload("Kubernetes//Pod/default/w2", &["10.0.0.2"]);
+    w2.services
+        .insert(SVC.to_string(), pb::PortList { ports: vec![] });
+    w2.status = pb::WorkloadStatus::Unhealthy as i32;
+    w2.service_account = String::new();
+    w2.tunnel_protocol = pb::TunnelProtocol::None as i32;
+    s.apply_address("Kubernetes//Pod/default/w2", Some(&encode_workload(w2)))
+        .expect("w2");
+    let mut svc = service("echo.default.svc.cluster.local", "10.96.0.10");
+    svc.waypoint = Some(pb::GatewayAddress {
+        destination: Some(pb::gateway_address::Destination::Address(
+            pb::NetworkAddress {
+                network: String::new(),
+                address: ip_bytes("10.96.0.20"),
+                length: None,
+            },
+        )),
+        hbone_mtls_port: 15008,
+    });
+    svc.ip_families = pb::IpFamilies::Ipv4Only as i32;
+    s.apply_address(SVC, Some(&encode_service(svc)))
+        .expect("svc");
     let p = authz("deny", sec::Scope::Global, sec::Action::Deny);
     s.apply_authorization("default/deny", Some(&p)).expect("p");
     let json = serde_json::to_value(s.dump()).expect("serialize");
-    assert_eq!(json["workloads"][0]["workloadIps"][0], "10.0.0.1");
-    assert_eq!(json["workloads"][0]["protocol"], "HBONE");
-    assert_eq!(json["workloads"][0]["status"], "HEALTHY");
-    assert_eq!(json["services"][0]["vips"][0]["address"], "10.96.0.10");
-    assert_eq!(json["services"][0]["ports"][0]["appProtocol"], "HTTP11");
+
+    let w = &json["workloads"][0];
+    assert_eq!(w["uid"], W1);
+    assert_eq!(w["workloadIps"][0], "10.0.0.1");
+    assert_eq!(w["protocol"], "HBONE");
+    assert_eq!(w["status"], "Healthy");
+    assert_eq!(w["networkMode"], "Standard");
+    assert_eq!(w["workloadType"], "deployment");
+    assert_eq!(w["trustDomain"], "cluster.local");
+    assert_eq!(w["clusterId"], "Kubernetes");
+    assert_eq!(
+        w["waypoint"],
+        serde_json::json!({
+            "destination": "default/waypoint.default.svc.cluster.local",
+            "hboneMtlsPort": 15008
+        })
+    );
+    assert_eq!(w["services"], serde_json::json!([SVC]));
+    assert!(w.get("locality").is_none() && w.get("applicationTunnel").is_none());
+    let w2 = &json["workloads"][1];
+    assert_eq!(w2["protocol"], "TCP");
+    assert_eq!(w2["status"], "Unhealthy");
+    assert_eq!(w2["serviceAccount"], "default");
+
+    let svc = &json["services"][0];
+    assert_eq!(svc["vips"], serde_json::json!(["net1/10.96.0.10"]));
+    assert_eq!(svc["ports"], serde_json::json!({"80": 8080}));
+    assert_eq!(svc["waypoint"]["destination"], "/10.96.0.20");
+    assert_eq!(svc["ipFamilies"], "IPv4");
+    // Only the healthy workload is an endpoint (the default health policy).
+    assert_eq!(
+        svc["endpoints"],
+        serde_json::json!({
+            W1: {"workloadUid": W1, "port": {"80": 8080}, "status": "Healthy"}
+        })
+    );
     assert_eq!(json["policies"][0]["scope"], "Global");
     assert_eq!(json["policies"][0]["action"], "Deny");
+
+    // Upstream istioctl decodes the dump into typed Go structs (istioctl/pkg/writer/ztunnel/
+    // configdump), which fail on a JSON type they do not expect: mirror their field types.
+    let parsed: upstream_istioctl::Dump =
+        serde_json::from_value(json).expect("upstream istioctl's types read the dump");
+    assert_eq!(parsed.workloads.len(), 2);
+    assert_eq!(parsed.services[0].ports.get("80"), Some(&8080));
+    assert_eq!(parsed.services[0].endpoints[W1].port.get(&80), Some(&8080));
+}
+
+/// The JSON types upstream istioctl's Go structs expect in ztunnel's `/config_dump` (strings,
+/// string-keyed maps, nested structs; unknown fields are ignored, as Go's decoder does).
+mod upstream_istioctl {
+    use std::collections::BTreeMap;
+
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    pub struct Dump {
+        pub workloads: Vec<Workload>,
+        pub services: Vec<Service>,
+        #[allow(dead_code, reason = "decoded for its type only")]
+        pub policies: Vec<Policy>,
+    }
+
+    #[allow(dead_code, reason = "decoded for their types only")]
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Workload {
+        pub uid: String,
+        pub workload_ips: Vec<String>,
+        pub waypoint: Option<Gateway>,
+        pub network_gateway: Option<Gateway>,
+        pub protocol: String,
+        pub name: String,
+        pub namespace: String,
+        pub service_account: String,
+        #[serde(default)]
+        pub workload_name: String,
+        pub workload_type: String,
+        #[serde(default)]
+        pub canonical_name: String,
+        pub cluster_id: String,
+        pub trust_domain: String,
+        #[serde(default)]
+        pub locality: Locality,
+        #[serde(default)]
+        pub node: String,
+        #[serde(default)]
+        pub network: String,
+        pub status: String,
+        #[serde(default)]
+        pub hostname: String,
+        pub application_tunnel: Option<ApplicationTunnel>,
+        #[serde(default)]
+        pub authorization_policies: Vec<String>,
+    }
+
+    #[allow(dead_code, reason = "decoded for their types only")]
+    #[derive(Deserialize, Default)]
+    pub struct Locality {
+        #[serde(default)]
+        pub region: String,
+        #[serde(default)]
+        pub zone: String,
+        #[serde(default)]
+        pub subzone: String,
+    }
+
+    #[allow(dead_code, reason = "decoded for their types only")]
+    #[derive(Deserialize)]
+    pub struct ApplicationTunnel {
+        pub protocol: String,
+        pub port: Option<u16>,
+    }
+
+    #[allow(dead_code, reason = "decoded for their types only")]
+    #[derive(Deserialize)]
+    pub struct Gateway {
+        pub destination: String,
+    }
+
+    #[allow(dead_code, reason = "decoded for their types only")]
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Service {
+        pub name: String,
+        pub namespace: String,
+        pub hostname: String,
+        pub vips: Vec<String>,
+        pub ports: BTreeMap<String, i64>,
+        pub load_balancer: Option<LoadBalancer>,
+        pub waypoint: Option<Gateway>,
+        pub endpoints: BTreeMap<String, Endpoint>,
+        #[serde(default)]
+        pub subject_alt_names: Vec<String>,
+        #[serde(default)]
+        pub ip_families: String,
+    }
+
+    #[allow(dead_code, reason = "decoded for their types only")]
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct LoadBalancer {
+        pub mode: String,
+        pub routing_preferences: Vec<String>,
+        pub health_policy: String,
+    }
+
+    #[allow(dead_code, reason = "decoded for their types only")]
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Endpoint {
+        pub workload_uid: String,
+        #[serde(default)]
+        pub service: String,
+        #[serde(default)]
+        pub address: String,
+        pub port: BTreeMap<u16, u16>,
+    }
+
+    #[allow(dead_code, reason = "decoded for their types only")]
+    #[derive(Deserialize)]
+    pub struct Policy {
+        pub name: String,
+        pub namespace: String,
+        pub scope: String,
+        pub action: String,
+        pub rules: Vec<Vec<Vec<serde_json::Value>>>,
+    }
 }
 
 const LOCAL: &str = r#"

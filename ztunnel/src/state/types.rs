@@ -8,13 +8,12 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use mesh_proto::workload::{self as pb, gateway_address, load_balancing};
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 
 use super::{Problem, StateError};
 
 /// A workload (pod, WorkloadEntry). Key: `uid`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Workload {
     pub uid: String,
     pub name: String,
@@ -22,7 +21,6 @@ pub struct Workload {
     pub hostname: String,
     pub workload_ips: Vec<IpAddr>,
     pub network: String,
-    #[serde(serialize_with = "ser_enum")]
     pub protocol: pb::TunnelProtocol,
     pub trust_domain: String,
     pub service_account: String,
@@ -31,7 +29,6 @@ pub struct Workload {
     pub node: String,
     pub canonical_name: String,
     pub canonical_revision: String,
-    #[serde(serialize_with = "ser_enum")]
     pub workload_type: pb::WorkloadType,
     pub workload_name: String,
     pub native_tunnel: bool,
@@ -40,19 +37,16 @@ pub struct Workload {
     pub services: BTreeMap<String, Vec<Port>>,
     /// Selector policies, `namespace/name`.
     pub authorization_policies: Vec<String>,
-    #[serde(serialize_with = "ser_enum")]
     pub status: pb::WorkloadStatus,
     pub cluster_id: String,
     pub locality: Option<Locality>,
-    #[serde(serialize_with = "ser_enum")]
     pub network_mode: pb::NetworkMode,
     /// Relative load-balancing weight (default 1).
     pub capacity: u32,
 }
 
 /// A service. Key: `namespace/hostname`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Service {
     pub name: String,
     pub namespace: String,
@@ -62,12 +56,10 @@ pub struct Service {
     pub subject_alt_names: Vec<String>,
     pub waypoint: Option<GatewayAddress>,
     pub load_balancing: Option<LoadBalancing>,
-    #[serde(serialize_with = "ser_enum")]
     pub ip_families: pb::IpFamilies,
     pub canonical: bool,
     pub ingress_use_waypoint: bool,
     pub weighted_waypoints: Vec<WeightedWaypoint>,
-    #[serde(serialize_with = "ser_enum")]
     pub visibility: pb::ServiceVisibility,
 }
 
@@ -94,61 +86,51 @@ impl Service {
 }
 
 /// An IP (or CIDR when `length` is set) on a network.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct NetworkAddress {
     pub network: String,
     pub address: IpAddr,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub length: Option<u8>,
 }
 
 /// A service port and where it lands on workloads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Port {
     pub service_port: u16,
     pub target_port: u16,
-    #[serde(serialize_with = "ser_enum")]
     pub app_protocol: pb::AppProtocol,
 }
 
 /// A waypoint or network gateway.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GatewayAddress {
     pub destination: GatewayDestination,
     pub hbone_mtls_port: u16,
 }
 
 /// Where a gateway is: a service hostname or an address.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GatewayDestination {
     Hostname { namespace: String, hostname: String },
     Address(NetworkAddress),
 }
 
 /// One of a weighted set of waypoints.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WeightedWaypoint {
     pub destination: GatewayAddress,
     pub weight: u32,
 }
 
 /// Sandwich / PROXY-protocol tunnel into the application.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ApplicationTunnel {
-    #[serde(serialize_with = "ser_enum")]
     pub protocol: pb::application_tunnel::Protocol,
     pub port: u16,
 }
 
-/// Region / zone / subzone.
+/// Region / zone / subzone (serialized as upstream: `region`, `zone`, `subzone`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct Locality {
     pub region: String,
     pub zone: String,
@@ -156,53 +138,11 @@ pub struct Locality {
 }
 
 /// Locality-aware load balancing of a service.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadBalancing {
-    #[serde(serialize_with = "ser_enums")]
     pub routing_preference: Vec<load_balancing::Scope>,
-    #[serde(serialize_with = "ser_enum")]
     pub mode: load_balancing::Mode,
-    #[serde(serialize_with = "ser_enum")]
     pub health_policy: load_balancing::HealthPolicy,
-}
-
-/// Proto enums serialized by their wire names.
-pub trait WireName {
-    /// The name in the `.proto` file.
-    fn wire_name(&self) -> &'static str;
-}
-
-macro_rules! wire_names {
-    ($($t:ty),*) => {
-        $(impl WireName for $t {
-            fn wire_name(&self) -> &'static str {
-                self.as_str_name()
-            }
-        })*
-    };
-}
-
-wire_names!(
-    pb::TunnelProtocol,
-    pb::WorkloadType,
-    pb::WorkloadStatus,
-    pb::NetworkMode,
-    pb::AppProtocol,
-    pb::IpFamilies,
-    pb::ServiceVisibility,
-    pb::application_tunnel::Protocol,
-    load_balancing::Scope,
-    load_balancing::Mode,
-    load_balancing::HealthPolicy
-);
-
-fn ser_enum<T: WireName, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(v.wire_name())
-}
-
-fn ser_enums<T: WireName, S: Serializer>(v: &[T], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(v.iter().map(WireName::wire_name))
 }
 
 /// Names the resource being converted, for errors.
