@@ -81,7 +81,7 @@ struct App {
     client: MeshPod,
     server: MeshPod,
     legacy: MeshPod,
-    _server_app: EchoServer,
+    server_app: EchoServer,
 }
 
 fn deploy(c: &mut MeshCluster) -> App {
@@ -102,7 +102,7 @@ fn deploy(c: &mut MeshCluster) -> App {
         client,
         server,
         legacy,
-        _server_app: server_app,
+        server_app,
     }
 }
 
@@ -127,6 +127,7 @@ fn enrollment_follows_labels_and_survives_restarts() {
         "client -> server through the mesh\n{}",
         c.logs()
     );
+    assert_app_saw(&app, &app.client);
     assert!(
         seen_from(&c, "node2", CLIENT),
         "server side saw the client's identity"
@@ -214,6 +215,7 @@ fn ebpf_capture_carries_mesh_traffic() {
         "client -> server through the mesh\n{}",
         c.logs()
     );
+    assert_app_saw(&app, &app.client);
     assert!(
         seen_from(&c, "node2", CLIENT),
         "server side saw the client's identity\n{}",
@@ -223,9 +225,22 @@ fn ebpf_capture_carries_mesh_traffic() {
         echo_until(&app.legacy.netns, target, is_ok, CONVERGE),
         Echo::Ok
     );
+    assert_app_saw(&app, &app.legacy);
     assert!(
         !seen_from(&c, "node2", LEGACY),
         "unenrolled pod claims no identity"
+    );
+}
+
+/// The server application saw `from`'s pod IP as the source of its newest connection (ztunnel
+/// dials it from the original source; replies find ztunnel through the capture's marks).
+fn assert_app_saw(app: &App, from: &MeshPod) {
+    let peers = app.server_app.peers();
+    assert_eq!(
+        peers.last().map(|p| p.ip()),
+        Some(std::net::IpAddr::V4(from.ip)),
+        "the server application should see {}'s IP: {peers:?}",
+        from.spec.name
     );
 }
 

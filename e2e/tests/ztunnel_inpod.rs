@@ -26,7 +26,7 @@ struct Cluster {
     istiod: Istiod,
     ztunnels: Vec<Ztunnel>,
     _zds: Vec<FakeZds>,
-    _server: EchoServer,
+    server: EchoServer,
     _dir: tempfile::TempDir,
 }
 
@@ -165,7 +165,7 @@ async fn cluster(hint: &str) -> Cluster {
         istiod,
         ztunnels,
         _zds: zds,
-        _server: server,
+        server,
         _dir: dir,
     }
 }
@@ -203,6 +203,14 @@ async fn mesh_traffic_carries_identity_and_obeys_policy() {
         Echo::Ok,
         "client -> service VIP\n{}",
         c.logs()
+    );
+    // The server application saw the client pod's IP (ENABLE_ORIG_SRC, on by default), not
+    // the server pod's own address.
+    let client_ip = std::net::IpAddr::V4(c.pod("client").ip());
+    let peers = c.server.peers();
+    assert!(
+        !peers.is_empty() && peers.iter().all(|p| p.ip() == client_ip),
+        "the application should see {client_ip} as the source: {peers:?}"
     );
 
     // The server side saw the client's SPIFFE identity over mTLS.
@@ -279,6 +287,13 @@ async fn strict_mtls_refuses_plaintext_and_istiod_restart_keeps_connections() {
         Echo::Ok,
         "plaintext allowed without STRICT\n{}",
         c.logs()
+    );
+    // Captured plaintext is dialed from the legacy pod's IP too.
+    let legacy_ip = std::net::IpAddr::V4(c.pod("legacy").ip());
+    assert_eq!(
+        c.server.peers().last().map(|p| p.ip()),
+        Some(legacy_ip),
+        "the application should see the plaintext client's IP"
     );
     c.istiod.cluster.write(
         "strict.yaml",

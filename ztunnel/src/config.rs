@@ -80,6 +80,10 @@ pub const POD_NAME: &str = "POD_NAME";
 pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
 /// ztunnel's own pod IP.
 pub const INSTANCE_IP: &str = "INSTANCE_IP";
+/// Dial the application from the client's IP (`IP_TRANSPARENT`) on inbound: `true` requires
+/// it, `false` dials from the pod's own address; unset (the default) spoofs when the kernel
+/// allows it, as upstream.
+pub const ENABLE_ORIG_SRC: &str = "ENABLE_ORIG_SRC";
 /// Data-plane worker threads (default: max(ceil(cores / 4), 2), as upstream without a CPU limit).
 pub const ZTUNNEL_WORKER_THREADS: &str = "ZTUNNEL_WORKER_THREADS";
 /// Set inside Kubernetes; selects the in-cluster istiod default.
@@ -344,6 +348,8 @@ pub struct Config {
     pub termination_deadline: Duration,
     /// Threads of the data-plane runtime.
     pub worker_threads: usize,
+    /// `ENABLE_ORIG_SRC`: `None` spoofs the client's IP towards applications when possible.
+    pub enable_original_source: Option<bool>,
     /// Identity of this ztunnel pod.
     pub self_info: SelfInfo,
     /// Well-known ports.
@@ -491,6 +497,7 @@ impl Config {
             xds_on_demand: v.bool(XDS_ON_DEMAND, false),
             termination_deadline: read_termination_deadline(v),
             worker_threads: read_worker_threads(v),
+            enable_original_source: v.parse(ENABLE_ORIG_SRC, "a boolean (true or false)"),
             self_info: SelfInfo {
                 node_name: v.non_empty(NODE_NAME),
                 pod_name: v.non_empty(POD_NAME),

@@ -8,7 +8,7 @@
 //! runtime, since a socket stays in the namespace it was created in.
 
 use std::io;
-use std::net::{SocketAddr, TcpListener as StdTcpListener, UdpSocket as StdUdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener as StdTcpListener, UdpSocket as StdUdpSocket};
 use std::sync::Arc;
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
@@ -153,6 +153,62 @@ pub async fn connect(factory: &dyn SocketFactory, addr: SocketAddr) -> io::Resul
         .await
 }
 
+/// How [`connect_from`] ended up dialing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceUsed {
+    /// From the requested source IP.
+    Original,
+    /// From an address the kernel chose (spoofing was not requested, or not possible).
+    Local,
+}
+
+/// Dials `addr` from `source` (any port) when given: `IP_TRANSPARENT` lets the socket bind to
+/// an address that is not local, so the application sees the client's IP (upstream's
+/// `ENABLE_ORIG_SRC`; replies reach the socket through the in-pod capture's connmark rules or
+/// eBPF programs). When `required` is false and the kernel refuses the option (no
+/// CAP_NET_ADMIN) or the families differ, it dials from a local address instead.
+pub async fn connect_from(
+    factory: &dyn SocketFactory,
+    source: Option<IpAddr>,
+    required: bool,
+    addr: SocketAddr,
+) -> io::Result<(TcpStream, SourceUsed)> {
+    let socket = factory.new_tcp(addr)?;
+    let mut used = SourceUsed::Local;
+    if let Some(src) = source {
+        match bind_transparent(&socket, src, addr) {
+            Ok(()) => used = SourceUsed::Original,
+            Err(e) if required => return Err(io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot dial {addr} from the original source {src} (ENABLE_ORIG_SRC=true): {e}"
+                ),
+            )),
+            Err(e) => {
+                tracing::debug!(%src, %addr, error = %e, "dialing from a local address: the original source cannot be used");
+            }
+        }
+    }
+    let stream = TcpSocket::from_std_stream(socket.into())
+        .connect(addr)
+        .await?;
+    Ok((stream, used))
+}
+
+fn bind_transparent(socket: &Socket, src: IpAddr, dst: SocketAddr) -> io::Result<()> {
+    match (src, dst) {
+        (IpAddr::V4(_), SocketAddr::V4(_)) => socket.set_ip_transparent_v4(true)?,
+        (IpAddr::V6(_), SocketAddr::V6(_)) => socket.set_ip_transparent_v6(true)?,
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "source and destination are of different IP families",
+            ))
+        }
+    }
+    socket.bind(&SocketAddr::new(src, 0).into())
+}
+
 /// Shared handle to a factory.
 pub type SharedSocketFactory = Arc<dyn SocketFactory>;
 
@@ -194,5 +250,60 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let err = factory.tcp_listener(addr).expect_err("port is taken");
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+    }
+
+    #[tokio::test]
+    async fn connect_from_dials_from_the_original_source() {
+        if !mesh_testutil::netns::have_root("connect_from_dials_from_the_original_source") {
+            return;
+        }
+        let factory = LocalSockets::default();
+        let listener = factory
+            .tcp_listener("127.0.0.1:0".parse().expect("addr"))
+            .expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        let src: IpAddr = "127.0.0.7".parse().expect("ip");
+        let (dialed, accepted) = tokio::join!(
+            connect_from(&factory, Some(src), true, addr),
+            listener.accept()
+        );
+        let (_stream, used) = dialed.expect("dial from 127.0.0.7");
+        assert_eq!(used, SourceUsed::Original);
+        assert_eq!(accepted.expect("accept").1.ip(), src);
+
+        // No source asked for: the kernel picks it.
+        let (dialed, accepted) =
+            tokio::join!(connect_from(&factory, None, false, addr), listener.accept());
+        assert_eq!(dialed.expect("dial").1, SourceUsed::Local);
+        assert_eq!(
+            accepted.expect("accept").1.ip(),
+            IpAddr::from([127, 0, 0, 1])
+        );
+    }
+
+    #[tokio::test]
+    async fn connect_from_falls_back_unless_required() {
+        let factory = LocalSockets::default();
+        let listener = factory
+            .tcp_listener("127.0.0.1:0".parse().expect("addr"))
+            .expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        // An IPv6 source cannot dial an IPv4 destination.
+        let v6: IpAddr = "fd00::7".parse().expect("ip");
+        let (dialed, accepted) = tokio::join!(
+            connect_from(&factory, Some(v6), false, addr),
+            listener.accept()
+        );
+        assert_eq!(dialed.expect("fallback dial").1, SourceUsed::Local);
+        assert!(accepted.is_ok());
+        let err = connect_from(&factory, Some(v6), true, addr)
+            .await
+            .expect_err("required");
+        assert!(
+            err.to_string().contains("ENABLE_ORIG_SRC") && err.to_string().contains("fd00::7"),
+            "{err}"
+        );
     }
 }

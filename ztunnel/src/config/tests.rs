@@ -209,3 +209,20 @@ fn worker_threads_default_and_override() {
         .expect_err("zero");
     assert!(err.to_string().contains(ZTUNNEL_WORKER_THREADS), "{err}");
 }
+
+#[test]
+fn original_source_is_automatic_unless_set() {
+    let c = Config::from_vars(Vec::<(String, String)>::new()).expect("defaults");
+    assert_eq!(c.enable_original_source, None);
+    for (value, want) in [("true", Some(true)), ("false", Some(false))] {
+        let c =
+            Config::from_vars([(ENABLE_ORIG_SRC.to_string(), value.to_string())]).expect("boolean");
+        assert_eq!(c.enable_original_source, want, "{value}");
+    }
+    let err = Config::from_vars([(ENABLE_ORIG_SRC.to_string(), "sometimes".to_string())])
+        .expect_err("not a boolean");
+    assert!(
+        err.to_string().contains(ENABLE_ORIG_SRC) && err.to_string().contains("sometimes"),
+        "{err}"
+    );
+}

@@ -245,6 +245,8 @@ impl InboundConnector {
         };
         let Decided { info, decision } = decided?;
         let record = ConnectionRecord::open(&self.ctx.inputs.metrics, info);
+        // The application sees the HBONE peer's IP (COMPAT 1.2), as upstream.
+        let source = req.peer_addr.ip();
         if !decision.is_allowed() {
             let reason = decision.to_string();
             let e = ProxyError::Denied { decision };
@@ -255,7 +257,7 @@ impl InboundConnector {
             });
             return Err(Refusal::Denied { reason });
         }
-        match crate::socket::connect(&*self.ctx.sockets, req.target).await {
+        match self.ctx.dial_app(source, req.target).await {
             Ok(upstream) => Ok(Accepted::new(upstream, InboundTunnel { record })),
             Err(source) => {
                 let e = ProxyError::Connect {

@@ -1,7 +1,7 @@
 //! [`Proxy`]: what every pod proxy shares (config, state, certificates, the HBONE pool,
 //! metrics, the original-destination seam) and the accept loops of one pod.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,6 +99,26 @@ pub(crate) struct PodCtx {
     pub pod: PodInfo,
     /// Makes the sockets dialed on the pod's behalf (inside its netns, marked).
     pub sockets: SharedSocketFactory,
+}
+
+impl PodCtx {
+    /// Dials the pod's application at `dst` from the client's IP `src` (unless
+    /// `ENABLE_ORIG_SRC=false`; when it is unset, a refusal by the kernel falls back to the
+    /// pod's own address).
+    pub(crate) async fn dial_app(
+        &self,
+        src: IpAddr,
+        dst: SocketAddr,
+    ) -> std::io::Result<tokio::net::TcpStream> {
+        let setting = self.inputs.config.enable_original_source;
+        let source = (setting != Some(false)).then_some(src);
+        let (stream, used) =
+            crate::socket::connect_from(&*self.sockets, source, setting == Some(true), dst).await?;
+        if source.is_some() && used == crate::socket::SourceUsed::Local {
+            tracing::debug!(pod = %self.pod, %src, %dst, "application dialed from the pod's address");
+        }
+        Ok(stream)
+    }
 }
 
 struct TcpListeners {

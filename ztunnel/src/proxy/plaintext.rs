@@ -39,7 +39,7 @@ pub(super) async fn serve(ctx: Arc<PodCtx>, tcp: TcpStream, peer: SocketAddr) {
         });
         return;
     }
-    let upstream = match crate::socket::connect(&*ctx.sockets, dst).await {
+    let upstream = match ctx.dial_app(peer.ip(), dst).await {
         Ok(upstream) => upstream,
         Err(source) => {
             let e = ProxyError::Connect { addr: dst, source };

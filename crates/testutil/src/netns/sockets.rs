@@ -120,19 +120,25 @@ pub struct EchoServer {
     listener: TcpListener,
     stopping: Arc<AtomicBool>,
     accepted: Arc<AtomicUsize>,
+    peers: Peers,
     connections: Connections,
     thread: Option<JoinHandle<()>>,
 }
+
+/// The peer address of every accepted connection, in accept order.
+type Peers = Arc<Mutex<Vec<SocketAddr>>>;
 
 impl EchoServer {
     fn start(listener: TcpListener, addr: SocketAddr) -> std::io::Result<Self> {
         let stopping = Arc::new(AtomicBool::new(false));
         let accepted = Arc::new(AtomicUsize::new(0));
         let connections = Connections::default();
+        let peers = Peers::default();
         let accept_loop = AcceptLoop {
             listener: listener.try_clone()?,
             stopping: stopping.clone(),
             accepted: accepted.clone(),
+            peers: peers.clone(),
             connections: connections.clone(),
         };
         let thread = std::thread::Builder::new()
@@ -143,6 +149,7 @@ impl EchoServer {
             listener,
             stopping,
             accepted,
+            peers,
             connections,
             thread: Some(thread),
         })
@@ -156,6 +163,11 @@ impl EchoServer {
     /// How many connections it has accepted so far.
     pub fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// The source address of every connection accepted so far (what the application saw).
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        self.peers.lock().map(|p| p.clone()).unwrap_or_default()
     }
 }
 
@@ -182,6 +194,7 @@ struct AcceptLoop {
     listener: TcpListener,
     stopping: Arc<AtomicBool>,
     accepted: Arc<AtomicUsize>,
+    peers: Peers,
     connections: Connections,
 }
 
@@ -189,7 +202,12 @@ impl AcceptLoop {
     fn run(self) {
         while !self.stopping.load(Ordering::SeqCst) {
             let stream = match self.listener.accept() {
-                Ok((stream, _peer)) => stream,
+                Ok((stream, peer)) => {
+                    if let Ok(mut peers) = self.peers.lock() {
+                        peers.push(peer);
+                    }
+                    stream
+                }
                 Err(_) => {
                     // Shut down (the loop ends) or out of resources (retry a little later).
                     std::thread::sleep(Duration::from_millis(10));
