@@ -252,17 +252,22 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
     }
 
+    fn loopback_listener(factory: &LocalSockets) -> (tokio::net::TcpListener, SocketAddr) {
+        let listener = factory
+            .tcp_listener("127.0.0.1:0".parse().expect("addr"))
+            .expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        (listener, addr)
+    }
+
     #[tokio::test]
     async fn connect_from_dials_from_the_original_source() {
         if !mesh_testutil::netns::have_root("connect_from_dials_from_the_original_source") {
             return;
         }
         let factory = LocalSockets::default();
-        let listener = factory
-            .tcp_listener("127.0.0.1:0".parse().expect("addr"))
-            .expect("listen");
-        let addr = listener.local_addr().expect("addr");
-        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        let (listener, addr) = loopback_listener(&factory);
         let src: IpAddr = "127.0.0.7".parse().expect("ip");
         let (dialed, accepted) = tokio::join!(
             connect_from(&factory, Some(src), true, addr),
@@ -285,11 +290,7 @@ mod tests {
     #[tokio::test]
     async fn connect_from_falls_back_unless_required() {
         let factory = LocalSockets::default();
-        let listener = factory
-            .tcp_listener("127.0.0.1:0".parse().expect("addr"))
-            .expect("listen");
-        let addr = listener.local_addr().expect("addr");
-        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        let (listener, addr) = loopback_listener(&factory);
         // An IPv6 source cannot dial an IPv4 destination.
         let v6: IpAddr = "fd00::7".parse().expect("ip");
         let (dialed, accepted) = tokio::join!(
