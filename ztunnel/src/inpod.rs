@@ -2,7 +2,7 @@
 //! namespace over ZDS, and ztunnel runs that pod's proxy with listeners bound *inside* the pod's
 //! netns (15001/15006/15008/15053, marked 1337, `SO_REUSEPORT`).
 //!
-//! - [`netns`]: netns fds and the per-netns thread that makes sockets there ([`InPodSockets`]).
+//! - [`netns`]: netns fds, and sockets made there by the calling thread ([`InPodSockets`]).
 //! - [`protocol`]: the ZDS client side over a `SOCK_SEQPACKET` unix socket.
 //! - [`InPodManager`]: connection, snapshot reconciliation, live add/delete, draining.
 //! - [`InPodStatus`]: readiness and `workloadState` for `/config_dump`.
@@ -14,7 +14,7 @@ pub mod protocol;
 mod status;
 
 pub use manager::{InPodManager, INITIAL_BACKOFF, MAX_BACKOFF, RETRY_PENDING};
-pub use netns::{InPodSockets, Netns, NetnsError, NetnsId, NetnsThread};
+pub use netns::{InPodSockets, Netns, NetnsError, NetnsId};
 pub use pods::PodError;
 pub use protocol::{InvalidMessage, WorkloadMessage, ZdsConnection, ZdsError};
 pub use status::{InPodStatus, PodState, ProxyState};

@@ -178,12 +178,14 @@ pub async fn connect_from(
     if let Some(src) = source {
         match bind_transparent(&socket, src, addr) {
             Ok(()) => used = SourceUsed::Original,
-            Err(e) if required => return Err(io::Error::new(
-                e.kind(),
-                format!(
+            Err(e) if required => {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
                     "cannot dial {addr} from the original source {src} (ENABLE_ORIG_SRC=true): {e}"
                 ),
-            )),
+                ))
+            }
             Err(e) => {
                 tracing::debug!(%src, %addr, error = %e, "dialing from a local address: the original source cannot be used");
             }

@@ -1,17 +1,18 @@
 //! Pod network namespaces and the sockets made inside them.
 //!
-//! A [`Netns`] is an owned file descriptor checked to be a network namespace. Sockets are made
-//! in it by a dedicated OS thread that entered the namespace once (`setns`) and then runs the
-//! closures it is sent, so the data-plane threads never change namespace. A socket stays in
-//! the namespace it was created in, so everything after creation (connect, accept, I/O) runs on
-//! the ordinary runtime. The thread exits when the last [`InPodSockets`] using it is dropped.
+//! A [`Netns`] is an owned file descriptor checked to be a network namespace. A socket is made
+//! in it by the calling thread itself, as upstream ztunnel does: `setns` into the pod, create
+//! the socket, `setns` back into ztunnel's own namespace (two syscalls, no thread hop; a
+//! thread per pod cost a context switch each way per dialed connection). A socket stays in
+//! the namespace it was created in, so everything after creation (connect, accept, I/O) runs
+//! on the ordinary runtime. A thread that cannot get back into ztunnel's namespace aborts the
+//! process rather than make sockets in the wrong place.
 
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdTcpListener, UdpSocket as StdUdpSocket};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
-use std::sync::mpsc;
 use std::sync::Arc;
 
 use nix::sched::CloneFlags;
@@ -49,14 +50,11 @@ pub enum NetnsError {
         #[source]
         source: nix::Error,
     },
-    #[error("cannot start the thread of netns {id}: {source}")]
-    Thread {
-        id: NetnsId,
+    #[error("cannot open ztunnel's own netns (/proc/self/ns/net): {source}")]
+    Home {
         #[source]
         source: io::Error,
     },
-    #[error("the thread of netns {id} is gone (a socket call panicked there?); re-add the pod")]
-    ThreadGone { id: NetnsId },
 }
 
 impl NetnsError {
@@ -68,8 +66,7 @@ impl NetnsError {
             NetnsError::WrongType { .. } => "wrong_ns_type",
             NetnsError::Inspect { .. } => "inspect",
             NetnsError::Enter { .. } => "setns",
-            NetnsError::Thread { .. } => "thread",
-            NetnsError::ThreadGone { .. } => "thread_gone",
+            NetnsError::Home { .. } => "home_netns",
         }
     }
 }
@@ -201,62 +198,55 @@ fn describe_fd(fd: BorrowedFd<'_>) -> String {
     format!("{kind} {target}")
 }
 
-type Job = Box<dyn FnOnce() + Send>;
-
-/// A thread living in one netns, running the closures it is sent.
-pub struct NetnsThread {
-    id: NetnsId,
-    jobs: mpsc::Sender<Job>,
+/// ztunnel's own netns (the main thread's), where every thread returns after making a socket.
+fn home() -> Result<&'static Netns, NetnsError> {
+    static HOME: std::sync::OnceLock<Netns> = std::sync::OnceLock::new();
+    if let Some(home) = HOME.get() {
+        return Ok(home);
+    }
+    let file =
+        std::fs::File::open("/proc/self/ns/net").map_err(|source| NetnsError::Home { source })?;
+    let netns = Netns::from_fd(file.into())?;
+    Ok(HOME.get_or_init(|| netns))
 }
 
-impl fmt::Debug for NetnsThread {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NetnsThread({})", self.id)
+/// While alive, the calling thread is in another netns; dropping it returns the thread home.
+struct Entered {
+    home: &'static Netns,
+}
+
+impl Entered {
+    fn enter(netns: &Netns) -> Result<Entered, NetnsError> {
+        let home = home()?;
+        nix::sched::setns(&*netns.fd, CloneFlags::CLONE_NEWNET).map_err(|source| {
+            NetnsError::Enter {
+                id: netns.id,
+                source,
+            }
+        })?;
+        Ok(Entered { home })
     }
 }
 
-impl NetnsThread {
-    /// Starts a thread that enters `netns`; it ends when the returned handle is dropped.
-    pub fn spawn(netns: &Netns) -> Result<NetnsThread, NetnsError> {
-        let id = netns.id;
-        let fd = Arc::clone(&netns.fd);
-        let (jobs, rx) = mpsc::channel::<Job>();
-        let (entered_tx, entered_rx) = mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name(format!("netns-{}", id.inode))
-            .spawn(move || {
-                let entered = nix::sched::setns(&*fd, CloneFlags::CLONE_NEWNET);
-                drop(fd);
-                let ok = entered.is_ok();
-                let _ = entered_tx.send(entered);
-                if ok {
-                    while let Ok(job) = rx.recv() {
-                        job();
-                    }
-                }
-            })
-            .map_err(|source| NetnsError::Thread { id, source })?;
-        match entered_rx.recv() {
-            Ok(Ok(())) => Ok(NetnsThread { id, jobs }),
-            Ok(Err(source)) => Err(NetnsError::Enter { id, source }),
-            Err(_) => Err(NetnsError::ThreadGone { id }),
+impl Drop for Entered {
+    fn drop(&mut self) {
+        if let Err(e) = nix::sched::setns(&*self.home.fd, CloneFlags::CLONE_NEWNET) {
+            // Every later socket of this thread would land in a pod: stop here; the node agent
+            // hands the pods to the restarted ztunnel.
+            tracing::error!(error = %e, home = %self.home.id, "cannot return to ztunnel's own netns; aborting");
+            std::process::abort();
         }
     }
+}
 
-    /// Runs `f` in the namespace and returns its result (blocking the caller meanwhile).
-    pub fn run<R, F>(&self, f: F) -> Result<R, NetnsError>
-    where
-        R: Send + 'static,
-        F: FnOnce() -> R + Send + 'static,
-    {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.jobs
-            .send(Box::new(move || {
-                let _ = tx.send(f());
-            }))
-            .map_err(|_| NetnsError::ThreadGone { id: self.id })?;
-        rx.recv()
-            .map_err(|_| NetnsError::ThreadGone { id: self.id })
+impl Netns {
+    /// Runs `f` on the calling thread inside this netns, then returns the thread to ztunnel's
+    /// own netns. `f` must not block for long: it holds up the thread it runs on.
+    pub fn run<R>(&self, f: impl FnOnce() -> R) -> Result<R, NetnsError> {
+        let entered = Entered::enter(self)?;
+        let out = f();
+        drop(entered);
+        Ok(out)
     }
 }
 
@@ -266,36 +256,23 @@ impl NetnsThread {
 pub struct InPodSockets {
     pub netns: Netns,
     pub options: SocketOptions,
-    thread: NetnsThread,
 }
 
 impl InPodSockets {
-    /// Starts the netns thread of `netns` (fails if it cannot be entered).
+    /// Sockets of `netns`; fails if ztunnel cannot enter it (missing CAP_SYS_ADMIN, stale fd).
     pub fn new(netns: Netns, options: SocketOptions) -> Result<InPodSockets, NetnsError> {
-        let thread = NetnsThread::spawn(&netns)?;
-        Ok(InPodSockets {
-            netns,
-            options,
-            thread,
-        })
+        netns.run(|| ())?;
+        Ok(InPodSockets { netns, options })
     }
 
-    /// Runs `f` inside the pod's netns.
-    pub fn run<R, F>(&self, f: F) -> Result<R, NetnsError>
-    where
-        R: Send + 'static,
-        F: FnOnce() -> R + Send + 'static,
-    {
-        self.thread.run(f)
+    /// Runs `f` inside the pod's netns, on the calling thread.
+    pub fn run<R>(&self, f: impl FnOnce() -> R) -> Result<R, NetnsError> {
+        self.netns.run(f)
     }
 
-    fn make<R, F>(&self, f: F) -> io::Result<R>
-    where
-        R: Send + 'static,
-        F: FnOnce(SocketOptions) -> io::Result<R> + Send + 'static,
-    {
+    fn make<R>(&self, f: impl FnOnce(SocketOptions) -> io::Result<R>) -> io::Result<R> {
         let options = self.options;
-        self.thread
+        self.netns
             .run(move || f(options))
             .map_err(io::Error::other)?
     }

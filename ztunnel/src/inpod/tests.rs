@@ -66,14 +66,9 @@ where
     F: FnOnce() -> R + Send + 'static,
 {
     let netns = Netns::from_fd(dup(ns)).expect("netns");
-    tokio::task::spawn_blocking(move || {
-        NetnsThread::spawn(&netns)
-            .expect("netns thread")
-            .run(f)
-            .expect("run in netns")
-    })
-    .await
-    .expect("blocking task")
+    tokio::task::spawn_blocking(move || netns.run(f).expect("run in netns"))
+        .await
+        .expect("blocking task")
 }
 
 fn outbound() -> SocketAddr {
@@ -532,8 +527,8 @@ async fn two_managers_bind_the_same_pod_with_reuse_port() {
     c.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn netns_thread_creates_sockets_in_the_netns_and_exits_when_dropped() {
+#[test]
+fn sockets_are_made_in_the_pod_netns_and_the_thread_returns_home() {
     if !privileged() {
         return;
     }
@@ -541,24 +536,35 @@ async fn netns_thread_creates_sockets_in_the_netns_and_exits_when_dropped() {
     let netns = Netns::from_fd(dup(&ns)).expect("netns");
     let sockets =
         InPodSockets::new(netns.clone(), crate::socket::SocketOptions::default()).expect("sockets");
-    let (tid, link) = sockets
-        .run(|| {
-            let link = std::fs::read_link("/proc/thread-self/ns/net").expect("readlink");
-            (nix::unistd::gettid(), link.display().to_string())
-        })
+    let link = || {
+        std::fs::read_link("/proc/thread-self/ns/net")
+            .expect("readlink")
+            .display()
+            .to_string()
+    };
+    let home = link();
+    let inside = sockets.run(link).expect("run");
+    assert_eq!(inside, format!("net:[{}]", netns.id().inode));
+    assert_eq!(
+        link(),
+        home,
+        "the calling thread is back in ztunnel's netns"
+    );
+    // A listener made through the factory lives in the pod: reachable from there only.
+    use crate::socket::SocketFactory;
+    let listener = sockets
+        .tcp_listener("127.0.0.1:0".parse().expect("addr"))
+        .expect("listener in the pod");
+    let addr = listener.local_addr().expect("addr");
+    let from_pod = sockets
+        .run(move || std::net::TcpStream::connect(addr).map(|_| ()))
         .expect("run");
-    assert_eq!(link, format!("net:[{}]", netns.id().inode));
-    let task = format!("/proc/self/task/{tid}");
-    assert!(Path::new(&task).exists());
-    drop(sockets);
-    let deadline = std::time::Instant::now() + WAIT;
-    while Path::new(&task).exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "netns thread still alive"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(from_pod.is_ok(), "{from_pod:?}");
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "not in ztunnel's netns"
+    );
+    assert_eq!(link(), home);
 }
 
 #[test]
