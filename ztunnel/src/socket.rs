@@ -51,13 +51,13 @@ pub struct SocketOptions {
 impl SocketOptions {
     /// A TCP socket of `addr`'s family with these options.
     pub fn tcp_socket(&self, family_of: SocketAddr) -> io::Result<Socket> {
+        // Non-blocking and close-on-exec from socket(2) itself: three fcntl calls fewer per
+        // dialed connection.
         let socket = Socket::new(
             Domain::for_address(family_of),
-            Type::STREAM,
+            Type::STREAM.nonblocking().cloexec(),
             Some(Protocol::TCP),
         )?;
-        socket.set_nonblocking(true)?;
-        socket.set_cloexec(true)?;
         socket.set_tcp_nodelay(true)?;
         self.apply_mark(&socket)?;
         if let Some(ka) = self.keepalive.filter(|k| k.enabled) {
@@ -72,9 +72,11 @@ impl SocketOptions {
 
     /// A bound, listening TCP socket with these options.
     pub fn tcp_listener(&self, addr: SocketAddr) -> io::Result<StdTcpListener> {
-        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-        socket.set_nonblocking(true)?;
-        socket.set_cloexec(true)?;
+        let socket = Socket::new(
+            Domain::for_address(addr),
+            Type::STREAM.nonblocking().cloexec(),
+            Some(Protocol::TCP),
+        )?;
         socket.set_reuse_address(true)?;
         // Accepted sockets inherit it: small proxied writes must not wait for delayed ACKs.
         socket.set_tcp_nodelay(true)?;
@@ -97,9 +99,11 @@ impl SocketOptions {
 
     /// A bound UDP socket with these options.
     pub fn udp_bind(&self, addr: SocketAddr) -> io::Result<StdUdpSocket> {
-        let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-        socket.set_nonblocking(true)?;
-        socket.set_cloexec(true)?;
+        let socket = Socket::new(
+            Domain::for_address(addr),
+            Type::DGRAM.nonblocking().cloexec(),
+            Some(Protocol::UDP),
+        )?;
         if self.reuse_port {
             socket.set_reuse_port(true)?;
         }
