@@ -33,6 +33,9 @@ pub struct PodNetwork {
     pub ips: Vec<IpAddr>,
     /// Also capture DNS (UDP/TCP 53) into ztunnel's DNS proxy on 15053.
     pub dns_capture: bool,
+    /// Leave inbound connections uncaptured (annotation
+    /// `ambient.istio.io/bypass-inbound-capture: "true"`): only HBONE on 15008 reaches ztunnel.
+    pub bypass_inbound: bool,
 }
 
 /// Programs and removes a pod's capture. Implementations are all-or-nothing (a failed

@@ -10,8 +10,8 @@
 //!
 //! Per-pod option: annotation `ambient.istio.io/dns-capture: "true"|"false"` overrides the
 //! configured DNS capture default (`AMBIENT_DNS_CAPTURE`, default true); another value is
-//! ignored. (`ambient.istio.io/bypass-inbound-capture` is not supported: the redirector's
-//! `PodNetwork` has no such option yet.)
+//! ignored. Annotation `ambient.istio.io/bypass-inbound-capture: "true"` leaves the pod's
+//! inbound connections uncaptured (outbound and HBONE as usual), as istio-cni.
 
 use std::collections::BTreeSet;
 
@@ -20,6 +20,8 @@ use serde::Serialize;
 
 /// Per-pod DNS capture override.
 pub const DNS_CAPTURE_ANNOTATION: &str = "ambient.istio.io/dns-capture";
+/// Per-pod opt-out of inbound capture.
+pub const BYPASS_INBOUND_CAPTURE_ANNOTATION: &str = "ambient.istio.io/bypass-inbound-capture";
 /// Namespaces never enrolled unless configured otherwise (the chart's `excludeNamespaces`).
 pub const DEFAULT_EXCLUDED_NAMESPACES: &[&str] = &["kube-system"];
 
@@ -47,7 +49,10 @@ impl Default for SelectionConfig {
 /// The verdict for one pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    Enroll { dns_capture: bool },
+    Enroll {
+        dns_capture: bool,
+        bypass_inbound: bool,
+    },
     Skip(SkipReason),
 }
 
@@ -127,7 +132,12 @@ pub fn decide(pod: &Pod, namespace: Option<&Namespace>, config: &SelectionConfig
         Some("false") => false,
         _ => config.dns_capture,
     };
-    Decision::Enroll { dns_capture }
+    let bypass_inbound =
+        annotation(pod, BYPASS_INBOUND_CAPTURE_ANNOTATION).map(str::trim) == Some("true");
+    Decision::Enroll {
+        dns_capture,
+        bypass_inbound,
+    }
 }
 
 /// Whether the pod's phase is terminal (its netns is gone or going).

@@ -60,6 +60,9 @@ pub struct PodRecord {
     /// DNS capture as applied (or to apply).
     #[serde(default)]
     pub dns_capture: bool,
+    /// Inbound capture left out (`ambient.istio.io/bypass-inbound-capture`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bypass_inbound: bool,
     /// `None` = not enrolled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redirection: Option<Redirection>,

@@ -23,6 +23,7 @@ fn pod_network(pod: &Pod) -> PodNetwork {
         netns: pod.netns().path(),
         ips: vec![IpAddr::V4(pod.ip())],
         dns_capture: false,
+        bypass_inbound: false,
     }
 }
 
@@ -308,6 +309,7 @@ fn a_gone_netns_is_unenrolled_and_a_wrong_path_is_refused() {
         netns: "/var/run/netns/mesh-ebpf-no-such-pod".into(),
         ips: Vec::new(),
         dns_capture: false,
+        bypass_inbound: false,
     };
     redirect
         .unenroll(&gone)

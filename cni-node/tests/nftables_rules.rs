@@ -22,6 +22,7 @@ fn pod_network(pod: &Pod, dns_capture: bool) -> PodNetwork {
         netns: pod.netns().path(),
         ips: vec![IpAddr::V4(pod.ip())],
         dns_capture,
+        bypass_inbound: false,
     }
 }
 
@@ -290,6 +291,7 @@ fn enroll_on_a_file_that_is_no_netns_applies_nothing() {
         netns: file.path().to_owned(),
         ips: vec![Ipv4Addr::new(10, 9, 9, 9).into()],
         dns_capture: false,
+        bypass_inbound: false,
     };
     let error = NftablesRedirector::new()
         .enroll(&pod)

@@ -72,6 +72,7 @@ pub struct PodSpec {
     pub node: String,
     pub service_account: String,
     pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
 }
 
 impl PodSpec {
@@ -82,7 +83,13 @@ impl PodSpec {
             node: node.into(),
             service_account: service_account.into(),
             labels: BTreeMap::from([("app".to_string(), name.to_string())]),
+            annotations: BTreeMap::new(),
         }
+    }
+
+    pub fn annotation(mut self, key: &str, value: &str) -> PodSpec {
+        self.annotations.insert(key.into(), value.into());
+        self
     }
 
     pub fn label(mut self, key: &str, value: &str) -> PodSpec {
@@ -99,6 +106,12 @@ impl PodSpec {
         let mut labels = String::new();
         for (k, v) in &self.labels {
             labels.push_str(&format!("    {k}: \"{v}\"\n"));
+        }
+        if !self.annotations.is_empty() {
+            labels.push_str("  annotations:\n");
+            for (k, v) in &self.annotations {
+                labels.push_str(&format!("    {k}: \"{v}\"\n"));
+            }
         }
         let status = match ip {
             Some(ip) => format!(

@@ -7,6 +7,20 @@ use crate::routing::{self, Link, ACCEPT_LOCAL, LOOPBACK_IFINDEX};
 use crate::tc::{self, Hook};
 use crate::{netlink_error, netns, CaptureError, Programs, FILTER_NAMES, FILTER_PRIORITY};
 
+/// What a pod's capture covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CaptureOptions {
+    /// Capture inbound connections into ztunnel's 15006 (`capture_in`); false for pods
+    /// annotated `ambient.istio.io/bypass-inbound-capture: "true"`.
+    pub inbound: bool,
+}
+
+impl Default for CaptureOptions {
+    fn default() -> Self {
+        CaptureOptions { inbound: true }
+    }
+}
+
 /// eBPF capture for pods (see the crate docs). Cheap to share: the programs are loaded once.
 #[derive(Debug)]
 pub struct Capture {
@@ -29,8 +43,13 @@ impl Capture {
     /// Installs the capture in the namespace at `netns` (every interface present now),
     /// replacing an earlier one. On failure nothing of it is left behind.
     pub fn enroll(&self, netns: &Path) -> Result<(), CaptureError> {
+        self.enroll_with(netns, CaptureOptions::default())
+    }
+
+    /// [`Capture::enroll`] with `options` (a capture without `capture_in` when inbound is off).
+    pub fn enroll_with(&self, netns: &Path, options: CaptureOptions) -> Result<(), CaptureError> {
         netns::run_in(netns, || {
-            let result = self.enroll_here();
+            let result = self.enroll_here(options);
             if result.is_err() {
                 if let Err(error) = remove_here() {
                     tracing::warn!(netns = %netns.display(), %error, "cannot undo a failed eBPF enrollment");
@@ -51,10 +70,20 @@ impl Capture {
 
     /// Whether the complete capture is present in the namespace at `netns`.
     pub fn is_enrolled(&self, netns: &Path) -> Result<bool, CaptureError> {
-        netns::run_in(netns, enrolled_here)
+        self.is_enrolled_with(netns, CaptureOptions::default())
     }
 
-    fn enroll_here(&self) -> Result<(), CaptureError> {
+    /// Whether the capture `options` describe is present (and nothing of inbound capture when
+    /// inbound is off).
+    pub fn is_enrolled_with(
+        &self,
+        netns: &Path,
+        options: CaptureOptions,
+    ) -> Result<bool, CaptureError> {
+        netns::run_in(netns, || enrolled_here(options))
+    }
+
+    fn enroll_here(&self, options: CaptureOptions) -> Result<(), CaptureError> {
         let mut nl = Netlink::open().map_err(netlink_error("open a netlink socket"))?;
         routing::set_sysctl(ACCEPT_LOCAL, "1")?;
         routing::replace_route(&mut nl).map_err(netlink_error("add the local capture route"))?;
@@ -71,14 +100,19 @@ impl Capture {
         .map_err(netlink_error("attach capture_lo"))?;
         for link in pod_links(&mut nl)? {
             tc::add_clsact(&mut nl, link.index).map_err(netlink_error("add clsact"))?;
-            tc::replace_filter(
-                &mut nl,
-                link.index,
-                Hook::Ingress,
-                self.programs.capture_in(),
-                name_in,
-            )
-            .map_err(netlink_error("attach capture_in"))?;
+            if options.inbound {
+                tc::replace_filter(
+                    &mut nl,
+                    link.index,
+                    Hook::Ingress,
+                    self.programs.capture_in(),
+                    name_in,
+                )
+                .map_err(netlink_error("attach capture_in"))?;
+            } else {
+                // Re-enrolling with inbound off drops an earlier capture_in.
+                delete_named(&mut nl, link.index, Hook::Ingress, name_in)?;
+            }
             tc::replace_filter(
                 &mut nl,
                 link.index,
@@ -139,8 +173,25 @@ fn is_ours(filter: &tc::Filter) -> bool {
             .is_some_and(|name| FILTER_NAMES.contains(&name))
 }
 
+/// Deletes our filter `name` on `ifindex`'s `hook`, if present.
+fn delete_named(
+    nl: &mut Netlink,
+    ifindex: u32,
+    hook: Hook,
+    name: &str,
+) -> Result<(), CaptureError> {
+    let filters = tc::filters(nl, ifindex, hook).map_err(netlink_error("list tc filters"))?;
+    if filters
+        .iter()
+        .any(|f| is_ours(f) && f.name.as_deref() == Some(name))
+    {
+        tc::delete_filter(nl, ifindex, hook).map_err(netlink_error("delete a capture filter"))?;
+    }
+    Ok(())
+}
+
 /// Whether every piece of the capture is present in the calling thread's namespace.
-fn enrolled_here() -> Result<bool, CaptureError> {
+fn enrolled_here(options: CaptureOptions) -> Result<bool, CaptureError> {
     let mut nl = Netlink::open().map_err(netlink_error("open a netlink socket"))?;
     if routing::sysctl(ACCEPT_LOCAL)? != "1"
         || !routing::rule_present(&mut nl).map_err(netlink_error("list rules"))?
@@ -151,7 +202,15 @@ fn enrolled_here() -> Result<bool, CaptureError> {
     let [name_in, name_out, name_lo] = FILTER_NAMES;
     let mut wanted = vec![(LOOPBACK_IFINDEX, Hook::Ingress, name_lo)];
     for link in pod_links(&mut nl)? {
-        wanted.push((link.index, Hook::Ingress, name_in));
+        if options.inbound {
+            wanted.push((link.index, Hook::Ingress, name_in));
+        } else {
+            let ingress = tc::filters(&mut nl, link.index, Hook::Ingress)
+                .map_err(netlink_error("list tc filters"))?;
+            if ingress.iter().any(is_ours) {
+                return Ok(false);
+            }
+        }
         wanted.push((link.index, Hook::Egress, name_out));
     }
     for (ifindex, hook, name) in wanted {

@@ -43,7 +43,7 @@ mod tc;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-pub use capture::Capture;
+pub use capture::{Capture, CaptureOptions};
 pub use programs::{object, Programs, PROGRAM_NAMES};
 
 /// ztunnel's outbound capture port inside the pod.

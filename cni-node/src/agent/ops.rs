@@ -30,6 +30,7 @@ fn network(record: &PodRecord) -> PodNetwork {
         netns: record.netns.clone(),
         ips: record.ips.clone(),
         dns_capture: record.dns_capture,
+        bypass_inbound: record.bypass_inbound,
     }
 }
 
@@ -209,9 +210,16 @@ pub(super) async fn cni_add(inner: &Inner, event: CniAddEvent) -> Result<(), Age
         netns,
         ips,
         dns_capture: match decision {
-            Decision::Enroll { dns_capture } => dns_capture,
+            Decision::Enroll { dns_capture, .. } => dns_capture,
             Decision::Skip(_) => inner.options.selection.dns_capture,
         },
+        bypass_inbound: matches!(
+            decision,
+            Decision::Enroll {
+                bypass_inbound: true,
+                ..
+            }
+        ),
         redirection: None,
         redirector: None,
     };
@@ -346,8 +354,12 @@ async fn reconcile_record(inner: &Inner, records: &mut Records, mut record: PodR
     let Some(pod) = pod else { return };
     let namespace = inner.cluster.namespace(&key.0);
     match decide(&pod, namespace.as_deref(), &inner.options.selection) {
-        Decision::Enroll { dns_capture } if record.redirection != Some(Redirection::Enabled) => {
+        Decision::Enroll {
+            dns_capture,
+            bypass_inbound,
+        } if record.redirection != Some(Redirection::Enabled) => {
             record.dns_capture = dns_capture;
+            record.bypass_inbound = bypass_inbound;
             if let Err(e) = enroll(inner, records, record).await {
                 warn!(pod = %pod_label, error = %e, reason = e.reason(), "cannot enroll pod; will retry on its next change or when ztunnel reconnects");
             }
@@ -381,8 +393,8 @@ async fn adopt(inner: &Inner, records: &mut Records, keys: Vec<PodKey>) {
         let uid = pod.metadata.uid.clone().filter(|u| !u.is_empty());
         let namespace = inner.cluster.namespace(&key.0);
         let decision = decide(&pod, namespace.as_deref(), &inner.options.selection);
-        if let (true, Some(uid), Decision::Enroll { dns_capture }) = (on_node, uid, decision) {
-            wanted.push((key, pod, uid, dns_capture));
+        if let (true, Some(uid), Decision::Enroll { .. }) = (on_node, uid, &decision) {
+            wanted.push((key, pod, uid, decision));
         }
     }
     if wanted.is_empty() {
@@ -393,7 +405,14 @@ async fn adopt(inner: &Inner, records: &mut Records, keys: Vec<PodKey>) {
     let found = tokio::task::spawn_blocking(move || procscan::find_pod_netns(&proc, &uids))
         .await
         .unwrap_or_default();
-    for (key, pod, uid, dns_capture) in wanted {
+    for (key, pod, uid, decision) in wanted {
+        let Decision::Enroll {
+            dns_capture,
+            bypass_inbound,
+        } = decision
+        else {
+            continue;
+        };
         let Some(netns) = found.get(&uid) else {
             debug!(pod = %format!("{}/{}", key.0, key.1), "selected pod without a record or a process on this node; waiting for its CNI ADD");
             continue;
@@ -406,6 +425,7 @@ async fn adopt(inner: &Inner, records: &mut Records, keys: Vec<PodKey>) {
             netns: netns.clone(),
             ips: status_ips(&pod),
             dns_capture,
+            bypass_inbound,
             redirection: None,
             redirector: None,
         };

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use mesh_ebpf::{Capture, CaptureError};
+use mesh_ebpf::{Capture, CaptureError, CaptureOptions};
 
 use super::{PodNetwork, RedirectError, Redirector};
 
@@ -33,7 +33,7 @@ impl Redirector for EbpfRedirector {
             tracing::warn!(netns = %pod.netns.display(), "the eBPF redirector does not capture DNS yet; use the nftables redirector for DNS capture");
         }
         self.capture
-            .enroll(&pod.netns)
+            .enroll_with(&pod.netns, options(pod))
             .map_err(|error| redirect_error(&pod.netns, error))
     }
 
@@ -45,12 +45,18 @@ impl Redirector for EbpfRedirector {
 
     fn is_enrolled(&self, pod: &PodNetwork) -> Result<bool, RedirectError> {
         self.capture
-            .is_enrolled(&pod.netns)
+            .is_enrolled_with(&pod.netns, options(pod))
             .map_err(|error| redirect_error(&pod.netns, error))
     }
 
     fn name(&self) -> &'static str {
         "ebpf"
+    }
+}
+
+fn options(pod: &PodNetwork) -> CaptureOptions {
+    CaptureOptions {
+        inbound: !pod.bypass_inbound,
     }
 }
 

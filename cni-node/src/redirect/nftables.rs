@@ -48,6 +48,8 @@ const NE: i32 = libc::NFT_CMP_NEQ;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Capture {
     pub(super) dns: bool,
+    /// Redirect inbound TCP to 15006 (off for `bypass-inbound-capture` pods).
+    pub(super) inbound: bool,
     /// Add the `ip6` twin of every address rule (the pod has an IPv6 address).
     pub(super) ipv6: bool,
 }
@@ -56,6 +58,7 @@ impl Capture {
     pub(super) fn of(pod: &PodNetwork) -> Capture {
         Capture {
             dns: pod.dns_capture,
+            inbound: !pod.bypass_inbound,
             ipv6: pod.ips.iter().any(|ip| ip.to_canonical().is_ipv6()),
         }
     }
@@ -130,18 +133,20 @@ fn nat_rules(capture: Capture) -> Vec<(&'static str, Vec<Expr>)> {
             rule(&[tcp(), nft::addr(false, EQ, probe), nft::accept()])
         }),
     );
-    add(
-        PRE,
-        per_family(capture, |lo, _| {
-            let dport = nft::port(TCP, false, NE, HBONE_PORT);
-            rule(&[
-                nft::addr(false, NE, lo),
-                dport,
-                proxy_mark(NE),
-                nft::redirect(INBOUND_CAPTURE_PORT),
-            ])
-        }),
-    );
+    if capture.inbound {
+        add(
+            PRE,
+            per_family(capture, |lo, _| {
+                let dport = nft::port(TCP, false, NE, HBONE_PORT);
+                rule(&[
+                    nft::addr(false, NE, lo),
+                    dport,
+                    proxy_mark(NE),
+                    nft::redirect(INBOUND_CAPTURE_PORT),
+                ])
+            }),
+        );
+    }
     if capture.dns {
         let udp53 = nft::port(UDP, false, EQ, 53);
         let not_lo = nft::oifname(NE, "lo");

@@ -35,14 +35,13 @@ fn rule_set_matches_istio_cni_shape() {
     let plain = Capture {
         dns: false,
         ipv6: false,
+        inbound: true,
     };
-    let dns = Capture {
-        dns: true,
-        ipv6: false,
-    };
-    let dual = Capture {
-        dns: true,
-        ipv6: true,
+    let dns = Capture { dns: true, ..plain };
+    let dual = Capture { ipv6: true, ..dns };
+    let bypass = Capture {
+        inbound: false,
+        ..dual
     };
     // nat: 2 jumps + probe accept x2, inbound, tcp conn mark, lo accept, outbound.
     assert_eq!(counts(plain), vec![8, 4, 2]);
@@ -50,6 +49,8 @@ fn rule_set_matches_istio_cni_shape() {
     assert_eq!(counts(dns), vec![10, 4, 4]);
     // + the ip6 twins of the probe accepts, inbound, tcp 53, lo accept and outbound.
     assert_eq!(counts(dual), vec![16, 4, 4]);
+    // bypass-inbound-capture: no inbound redirect (v4 and v6), everything else stays.
+    assert_eq!(counts(bypass), vec![14, 4, 4]);
     // Each table: add, flush, 4 chains, then its rules.
     assert_eq!(enroll_batch(plain).len(), 3 * 6 + 8 + 4 + 2);
 }
@@ -93,6 +94,7 @@ fn a_refused_batch_applies_nothing() {
         netns: pod.netns().path(),
         ips: vec![IpAddr::V4(pod.ip())],
         dns_capture: false,
+        bypass_inbound: false,
     };
     let redirector = NftablesRedirector::new();
     let poison = |batch: &mut Batch| {

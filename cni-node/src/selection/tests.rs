@@ -21,7 +21,10 @@ fn make_ns(labels: &str) -> Namespace {
 const AMBIENT: &str = r#""istio.io/dataplane-mode":"ambient""#;
 const NONE: &str = r#""istio.io/dataplane-mode":"none""#;
 
-const ENROLL: Decision = Decision::Enroll { dns_capture: true };
+const ENROLL: Decision = Decision::Enroll {
+    dns_capture: true,
+    bypass_inbound: false,
+};
 
 /// One row of the decision table: the pod (namespace, labels, annotations, extra spec
 /// fields, phase), its namespace's labels (`None` = unknown namespace) and the verdict.
@@ -140,7 +143,10 @@ fn decisions() {
         Case {
             name: "dns off",
             annotations: r#""ambient.istio.io/dns-capture":"false""#,
-            want: Decision::Enroll { dns_capture: false },
+            want: Decision::Enroll {
+                dns_capture: false,
+                bypass_inbound: false,
+            },
             ..BASE
         },
         Case {
@@ -166,7 +172,10 @@ fn dns_default_from_config_and_annotation_override() {
     let plain = make_pod("ns", AMBIENT, "", "", "Running");
     assert_eq!(
         decide(&plain, None, &config),
-        Decision::Enroll { dns_capture: false }
+        Decision::Enroll {
+            dns_capture: false,
+            bypass_inbound: false,
+        }
     );
     let on = make_pod(
         "ns",
@@ -177,7 +186,10 @@ fn dns_default_from_config_and_annotation_override() {
     );
     assert_eq!(
         decide(&on, None, &config),
-        Decision::Enroll { dns_capture: true }
+        Decision::Enroll {
+            dns_capture: true,
+            bypass_inbound: false,
+        }
     );
 }
 
@@ -194,4 +206,32 @@ fn excluded_namespaces_are_configurable() {
     );
     let in_kube_system = make_pod("kube-system", AMBIENT, "", "", "Running");
     assert!(decide(&in_kube_system, None, &config).is_enroll());
+}
+
+#[test]
+fn bypass_inbound_capture_annotation() {
+    let config = SelectionConfig::default();
+    let bypass = make_pod(
+        "ns",
+        AMBIENT,
+        r#""ambient.istio.io/bypass-inbound-capture":"true""#,
+        "",
+        "Running",
+    );
+    assert_eq!(
+        decide(&bypass, None, &config),
+        Decision::Enroll {
+            dns_capture: true,
+            bypass_inbound: true,
+        }
+    );
+    // Any other value captures inbound as usual.
+    let other = make_pod(
+        "ns",
+        AMBIENT,
+        r#""ambient.istio.io/bypass-inbound-capture":"yes""#,
+        "",
+        "Running",
+    );
+    assert_eq!(decide(&other, None, &config), ENROLL);
 }

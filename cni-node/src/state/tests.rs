@@ -12,6 +12,7 @@ fn record(name: &str, redirection: Option<Redirection>) -> PodRecord {
         netns: PathBuf::from(format!("/var/run/netns/{name}")),
         ips: vec!["10.1.0.5".parse().expect("ip")],
         dns_capture: true,
+        bypass_inbound: false,
         redirection,
         redirector: redirection.map(|_| "nftables".to_string()),
     }
