@@ -32,8 +32,9 @@ pub struct Args {
     /// Seconds per iperf3 run.
     #[arg(long, default_value_t = 10)]
     iperf_secs: u64,
-    /// Alternating direct / mesh rounds of each iperf3 test; the round with the median
-    /// mesh/direct ratio is reported (direct throughput alone varies by ~20% run to run here).
+    /// Alternating direct / mesh rounds of each iperf3 and ping-pong test; the round with the
+    /// median mesh/direct ratio (or added p50) is reported (direct throughput alone varies by
+    /// ~20% and direct p50 by ~30% run to run here).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Parallel streams of the multi-stream iperf3 run.
@@ -206,44 +207,57 @@ fn both<T>(
     })
 }
 
-/// Runs `round` `rounds` times; returns the round with the median mesh/direct throughput
-/// ratio and every round's ratio in run order.
-fn median_round(
+/// Runs `round` `rounds` times; returns the round with the median `key` (mesh compared with
+/// direct) and every round's key in run order.
+fn median_round<T>(
     rounds: usize,
-    mut round: impl FnMut() -> anyhow::Result<Pair<iperf::Throughput>>,
-) -> anyhow::Result<(Pair<iperf::Throughput>, Vec<f64>)> {
-    let ratio = |p: &Pair<iperf::Throughput>| p.mesh.gbps() / p.direct.gbps();
+    key: impl Fn(&Pair<T>) -> f64,
+    mut round: impl FnMut() -> anyhow::Result<Pair<T>>,
+) -> anyhow::Result<(Pair<T>, Vec<f64>)> {
     let mut all = (0..rounds.max(1))
         .map(|_| round())
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let ratios: Vec<f64> = all.iter().map(ratio).collect();
-    all.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
+    let keys: Vec<f64> = all.iter().map(&key).collect();
+    all.sort_by(|a, b| key(a).total_cmp(&key(b)));
     let median = all.swap_remove(all.len() / 2);
-    Ok((median, ratios))
+    Ok((median, keys))
+}
+
+/// mesh/direct throughput.
+fn throughput_ratio(p: &Pair<iperf::Throughput>) -> f64 {
+    p.mesh.gbps() / p.direct.gbps()
+}
+
+/// Microseconds the mesh adds at p50.
+fn added_p50(p: &Pair<[f64; 2]>) -> f64 {
+    p.mesh[0] - p.direct[0]
 }
 
 fn traffic(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Result<Results> {
     let iperf = |streams: u32| {
         move |p: &Path| iperf::run_client(&p.client, p.server_ip, args.iperf_secs, streams, scratch)
     };
-    let (single, single_ratios) =
-        median_round(args.rounds, || both(c, "iperf3 1 stream", iperf(1)))?;
-    let (multi, multi_ratios) = median_round(args.rounds, || {
+    let (single, single_ratios) = median_round(args.rounds, throughput_ratio, || {
+        both(c, "iperf3 1 stream", iperf(1))
+    })?;
+    let (multi, multi_ratios) = median_round(args.rounds, throughput_ratio, || {
         both(
             c,
             &format!("iperf3 {} streams", args.streams),
             iperf(args.streams),
         )
     })?;
-    let latency = both(c, "ping-pong", |p| {
-        let mut samples = load::round_trips(
-            &p.client,
-            p.server_addr(ECHO_PORT),
-            args.payload,
-            args.warmup,
-            args.round_trips,
-        )?;
-        Ok([50.0, 99.0].map(|q| mesh_bench::percentile(&mut samples, q)))
+    let (latency, added_p50s) = median_round(args.rounds, added_p50, || {
+        both(c, "ping-pong", |p| {
+            let mut samples = load::round_trips(
+                &p.client,
+                p.server_addr(ECHO_PORT),
+                args.payload,
+                args.warmup,
+                args.round_trips,
+            )?;
+            Ok([50.0, 99.0].map(|q| mesh_bench::percentile(&mut samples, q)))
+        })
     })?;
     let churn_for = Duration::from_secs(args.churn_secs);
     let churn = both(c, "connection churn", |p| {
@@ -260,6 +274,7 @@ fn traffic(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Resul
         single_ratios,
         multi_ratios,
         latency,
+        added_p50s,
         churn,
         ..Results::default()
     })

@@ -49,8 +49,10 @@ pub struct Results {
     /// mesh/direct of every round, in run order (the median round is reported).
     pub single_ratios: Vec<f64>,
     pub multi_ratios: Vec<f64>,
-    /// p50, p99 in microseconds.
+    /// p50, p99 in microseconds (the round with the median added p50).
     pub latency: Pair<[f64; 2]>,
+    /// Microseconds the mesh added at p50, each round in run order.
+    pub added_p50s: Vec<f64>,
     pub churn: Pair<Churn>,
     pub rss_idle: Rss,
     pub rss_peak: Rss,
@@ -189,6 +191,18 @@ fn latency_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
             &ratio(dp50, mp50),
             "+<= 50 us",
             &verdict(mp50 - dp50 <= MAX_ADDED_P50_US),
+        ]),
+        row([
+            "added p50 of each round (us)",
+            "",
+            &r.added_p50s
+                .iter()
+                .map(|a| format!("+{a:.1}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            "",
+            "median round above",
+            "",
         ]),
         row([
             &format!("{size} B round trip p99 (us)"),
@@ -342,8 +356,8 @@ pub fn print(args: &Args, r: &Results) {
     println!(
         "\nztunnel data plane: direct = unenrolled pods node1 -> node2; mesh = client -> ztunnel \
          -> HBONE -> ztunnel -> server.\n{cores} cores shared by everything (2 ztunnels with \
-         {workers} ZTUNNEL_WORKER_THREADS, istiod, iperf3, this process). iperf3 {} s runs, \
-         {} alternating direct/mesh rounds each; {} round trips after {} warm-up; {} s of churn; \
+         {workers} ZTUNNEL_WORKER_THREADS, istiod, iperf3, this process). iperf3 {} s runs; \
+         {} alternating direct/mesh rounds of each iperf3 and ping-pong test; {} round trips after {} warm-up; {} s of churn; \
          {} idle connections.\n",
         args.iperf_secs,
         args.rounds,
