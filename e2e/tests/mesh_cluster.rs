@@ -120,18 +120,7 @@ fn enrollment_follows_labels_and_survives_restarts() {
 
     // Labeled namespace: captured, mTLS, identity seen at the server side.
     assert_eq!(istio_tables(&app.client.netns).len(), 3, "client pod rules");
-    let got = echo_until(&app.client.netns, target, is_ok, CONVERGE);
-    assert_eq!(
-        got,
-        Echo::Ok,
-        "client -> server through the mesh\n{}",
-        c.logs()
-    );
-    assert_app_saw(&app, &app.client);
-    assert!(
-        seen_from(&c, "node2", CLIENT),
-        "server side saw the client's identity"
-    );
+    client_reaches_server_over_the_mesh(&c, &app);
 
     // Unlabeled namespace: no rules; its plaintext reaches the server (captured there on
     // 15006, allowed without STRICT), and no identity is claimed for it.
@@ -208,19 +197,7 @@ fn ebpf_capture_carries_mesh_traffic() {
         istio_tables(&app.client.netns).is_empty(),
         "eBPF mode writes no nftables rules"
     );
-    let got = echo_until(&app.client.netns, target, is_ok, CONVERGE);
-    assert_eq!(
-        got,
-        Echo::Ok,
-        "client -> server through the mesh\n{}",
-        c.logs()
-    );
-    assert_app_saw(&app, &app.client);
-    assert!(
-        seen_from(&c, "node2", CLIENT),
-        "server side saw the client's identity\n{}",
-        c.logs()
-    );
+    client_reaches_server_over_the_mesh(&c, &app);
     assert_eq!(
         echo_until(&app.legacy.netns, target, is_ok, CONVERGE),
         Echo::Ok
@@ -229,6 +206,25 @@ fn ebpf_capture_carries_mesh_traffic() {
     assert!(
         !seen_from(&c, "node2", LEGACY),
         "unenrolled pod claims no identity"
+    );
+}
+
+/// client -> server through both ztunnels: the application answers, sees the client's IP, and
+/// the server-side ztunnel reports the client's identity.
+fn client_reaches_server_over_the_mesh(c: &MeshCluster, app: &App) {
+    let target = app.server.addr(SERVER_PORT);
+    let got = echo_until(&app.client.netns, target, is_ok, CONVERGE);
+    assert_eq!(
+        got,
+        Echo::Ok,
+        "client -> server through the mesh\n{}",
+        c.logs()
+    );
+    assert_app_saw(app, &app.client);
+    assert!(
+        seen_from(c, "node2", CLIENT),
+        "server side saw the client's identity\n{}",
+        c.logs()
     );
 }
 
