@@ -5,8 +5,6 @@ use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
-use mesh_proto::workload::zds::{Version, ZdsHello};
-use prost::Message;
 use tokio::net::UnixStream;
 
 use super::ACK_DEADLINE;
@@ -88,17 +86,10 @@ pub(crate) async fn recv_deadline(
 /// Reads and checks `ZdsHello{V1}`.
 pub(crate) async fn read_hello(conn: &UnixStream) -> Result<(), ConnError> {
     let bytes = recv_deadline(conn, "hello").await?;
-    let hello = ZdsHello::decode(&bytes[..]).map_err(|e| ConnError::Protocol {
+    mesh_zds::decode_hello(&bytes).map_err(|detail| ConnError::Protocol {
         what: "hello",
-        detail: e.to_string(),
-    })?;
-    if hello.version != Version::V1 as i32 {
-        return Err(ConnError::Protocol {
-            what: "hello",
-            detail: format!("version {} (only V1 = 1 is supported)", hello.version),
-        });
-    }
-    Ok(())
+        detail,
+    })
 }
 
 /// Sends one request and waits for its ack: `Ok(Ok(()))` = ACK, `Ok(Err(text))` = NACK.

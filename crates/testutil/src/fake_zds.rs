@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use mesh_proto::workload::zds::{
-    workload_request::Payload, AddWorkload, DelWorkload, KeepWorkload, SnapshotSent, Version,
-    WorkloadInfo, WorkloadRequest, ZdsHello,
+    workload_request::Payload, AddWorkload, DelWorkload, KeepWorkload, SnapshotSent, WorkloadInfo,
+    WorkloadRequest,
 };
 use prost::Message;
 use tokio::net::UnixStream;
@@ -299,16 +299,10 @@ async fn handshake(
     snapshot: &[SnapshotItem],
 ) -> Result<Vec<AckResult>, FakeZdsError> {
     let hello = recv_datagram(conn, "hello").await?;
-    let hello = ZdsHello::decode(&hello[..]).map_err(|e| FakeZdsError::Protocol {
+    mesh_zds::decode_hello(&hello).map_err(|detail| FakeZdsError::Protocol {
         what: "hello",
-        detail: e.to_string(),
+        detail,
     })?;
-    if hello.version != Version::V1 as i32 {
-        return Err(FakeZdsError::Protocol {
-            what: "hello",
-            detail: format!("version {} (want V1)", hello.version),
-        });
-    }
     let mut acks = Vec::new();
     for item in snapshot {
         let (payload, fd) = match item {

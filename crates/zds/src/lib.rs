@@ -7,7 +7,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use mesh_proto::workload::zds::{workload_response, WorkloadResponse};
+use mesh_proto::workload::zds::{workload_response, Version, WorkloadResponse, ZdsHello};
 use nix::sys::socket::{
     self as sock, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, UnixAddr,
 };
@@ -92,6 +92,19 @@ pub async fn recv(conn: &UnixStream, max: usize) -> io::Result<Vec<u8>> {
     .await
 }
 
+/// Decodes ztunnel's first datagram, `ZdsHello`, and checks it asks for V1; `Err` says what is
+/// wrong with it.
+pub fn decode_hello(bytes: &[u8]) -> Result<(), String> {
+    let hello = ZdsHello::decode(bytes).map_err(|e| e.to_string())?;
+    if hello.version != Version::V1 as i32 {
+        return Err(format!(
+            "version {} (only V1 = 1 is supported)",
+            hello.version
+        ));
+    }
+    Ok(())
+}
+
 /// Decodes ztunnel's `WorkloadResponse`; `Err` says what is wrong with it.
 pub fn decode_ack(bytes: &[u8]) -> Result<AckResult, String> {
     let response = WorkloadResponse::decode(bytes).map_err(|e| e.to_string())?;
@@ -107,6 +120,18 @@ mod tests {
     use mesh_proto::workload::zds::Ack;
 
     use super::*;
+
+    #[test]
+    fn hello_must_be_v1() {
+        let v1 = ZdsHello {
+            version: Version::V1 as i32,
+        };
+        assert_eq!(decode_hello(&v1.encode_to_vec()), Ok(()));
+        let v0 = ZdsHello { version: 0 };
+        let err = decode_hello(&v0.encode_to_vec()).expect_err("not V1");
+        assert!(err.contains("version 0") && err.contains("V1"), "{err}");
+        assert!(decode_hello(&[0xff, 0xff]).is_err(), "garbage");
+    }
 
     #[tokio::test]
     async fn datagrams_and_fds_cross_the_socket() {
