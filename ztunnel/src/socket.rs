@@ -151,10 +151,8 @@ impl SocketFactory for LocalSockets {
 
 /// Dials `addr` with a socket made by `factory`.
 pub async fn connect(factory: &dyn SocketFactory, addr: SocketAddr) -> io::Result<TcpStream> {
-    let socket = factory.new_tcp(addr)?;
-    TcpSocket::from_std_stream(socket.into())
-        .connect(addr)
-        .await
+    let (stream, _) = connect_from(factory, None, false, addr).await?;
+    Ok(stream)
 }
 
 /// How [`connect_from`] ended up dialing.
@@ -228,11 +226,7 @@ mod tests {
             reuse_port: true,
             ..SocketOptions::default()
         });
-        let listener = factory
-            .tcp_listener("127.0.0.1:0".parse().expect("addr"))
-            .expect("listen");
-        let addr = listener.local_addr().expect("addr");
-        let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+        let (listener, addr) = loopback_listener(&factory);
         let (dialed, accepted) = tokio::join!(connect(&factory, addr), listener.accept());
         let dialed = dialed.expect("dial");
         let (accepted, _) = accepted.expect("accept");
@@ -250,10 +244,7 @@ mod tests {
     #[tokio::test]
     async fn without_reuse_port_a_second_bind_fails() {
         let factory = LocalSockets::default();
-        let listener = factory
-            .tcp_listener("127.0.0.1:0".parse().expect("addr"))
-            .expect("listen");
-        let addr = listener.local_addr().expect("addr");
+        let (_listener, addr) = loopback_listener(&factory);
         let err = factory.tcp_listener(addr).expect_err("port is taken");
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
     }
