@@ -165,21 +165,15 @@ struct CpuUse {
 
 /// Runs `f` and returns its result with the CPU time used meanwhile.
 fn with_cpu<T>(pids: &[u32], f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<(T, CpuUse)> {
-    let before = (
-        procfs::cpu_total(pids)?,
-        procfs::system_total(pids)?,
-        procfs::machine_busy()?,
-    );
+    let (all_before, sys_before) = procfs::cpu_totals(pids)?;
+    let machine_before = procfs::machine_busy()?;
     let out = f()?;
+    let (all, sys) = procfs::cpu_totals(pids)?;
     let used = CpuUse {
-        ztunnel: procfs::cpu_total(pids)?
-            .saturating_sub(before.0)
-            .as_secs_f64(),
-        ztunnel_system: procfs::system_total(pids)?
-            .saturating_sub(before.1)
-            .as_secs_f64(),
+        ztunnel: all.saturating_sub(all_before).as_secs_f64(),
+        ztunnel_system: sys.saturating_sub(sys_before).as_secs_f64(),
         machine: procfs::machine_busy()?
-            .saturating_sub(before.2)
+            .saturating_sub(machine_before)
             .as_secs_f64(),
     };
     Ok((out, used))

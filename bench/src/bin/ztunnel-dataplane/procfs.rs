@@ -22,12 +22,6 @@ pub fn find_pid(netns: &Netns, name: &str) -> anyhow::Result<u32> {
         .with_context(|| format!("no {name} process in netns {}", netns.name()))
 }
 
-/// User + system CPU time of `pid` so far.
-pub fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
-    let (user, system) = cpu_split(pid)?;
-    Ok(user + system)
-}
-
 /// User and system CPU time of `pid` so far.
 pub fn cpu_split(pid: u32) -> anyhow::Result<(Duration, Duration)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -47,11 +41,6 @@ pub fn cpu_split(pid: u32) -> anyhow::Result<(Duration, Duration)> {
     };
     let secs = |t: f64| Duration::from_secs_f64(t / TICKS_PER_SECOND);
     Ok((secs(ticks(11)?), secs(ticks(12)?)))
-}
-
-/// System CPU time of `pids`, summed.
-pub fn system_total(pids: &[u32]) -> anyhow::Result<Duration> {
-    pids.iter().map(|&pid| Ok(cpu_split(pid)?.1)).sum()
 }
 
 /// CPU time every CPU of the machine spent busy so far (`/proc/stat`: user, nice, system,
@@ -77,9 +66,13 @@ fn machine_busy_of(stat: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(busy as f64 / TICKS_PER_SECOND))
 }
 
-/// Summed CPU time of `pids`.
-pub fn cpu_total(pids: &[u32]) -> anyhow::Result<Duration> {
-    pids.iter().map(|&pid| cpu_time(pid)).sum()
+/// User + system and system-only CPU time of `pids`, summed (one read of each `stat`).
+pub fn cpu_totals(pids: &[u32]) -> anyhow::Result<(Duration, Duration)> {
+    pids.iter()
+        .try_fold((Duration::ZERO, Duration::ZERO), |(all, sys), &pid| {
+            let (user, system) = cpu_split(pid)?;
+            Ok((all + user + system, sys + system))
+        })
 }
 
 /// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in MiB.
