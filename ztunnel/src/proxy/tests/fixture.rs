@@ -288,3 +288,42 @@ pub async fn round_trip(mut tcp: TcpStream, payload: &[u8]) -> Vec<u8> {
     );
     back
 }
+/// A client and a server workload (HBONE) with their pods running, and an echo server that
+/// prefixes `greeting` on the server's application port.
+pub(super) struct TwoPods {
+    pub mesh: Mesh,
+    pub a: IpAddr,
+    pub b: IpAddr,
+    /// The client's pod, then the server's.
+    pub pods: Vec<PodNode>,
+    pub echo: SocketAddr,
+}
+
+pub(super) async fn two_pods(net: u8, greeting: &'static [u8]) -> TwoPods {
+    let mesh = Mesh::new();
+    let (a, b) = (ip(net, 1), ip(net, 2));
+    mesh.add_workload(workload(
+        "client",
+        a,
+        "client-sa",
+        pb::TunnelProtocol::Hbone,
+    ));
+    mesh.add_workload(workload(
+        "server",
+        b,
+        "server-sa",
+        pb::TunnelProtocol::Hbone,
+    ));
+    let pods = vec![
+        mesh.start_pod(a, "client", "client-sa"),
+        mesh.start_pod(b, "server", "server-sa"),
+    ];
+    let echo = echo_server(SocketAddr::new(b, APP_PORT), greeting).await;
+    TwoPods {
+        mesh,
+        a,
+        b,
+        pods,
+        echo,
+    }
+}

@@ -13,26 +13,16 @@ use crate::hbone::{self, ConnectRequest, Connection, H2Settings, Server};
 
 #[tokio::test]
 async fn outbound_hbone_inbound_echo_with_identities_and_metrics() {
-    let mesh = Mesh::new();
-    let (a, b) = (ip(21, 1), ip(21, 2));
-    mesh.add_workload(workload(
-        "client",
+    let TwoPods {
+        mesh,
         a,
-        "client-sa",
-        pb::TunnelProtocol::Hbone,
-    ));
-    mesh.add_workload(workload(
-        "server",
-        b,
-        "server-sa",
-        pb::TunnelProtocol::Hbone,
-    ));
-    let _pod_a = mesh.start_pod(a, "client", "client-sa");
-    let _pod_b = mesh.start_pod(b, "server", "server-sa");
-    let echo = echo_server(SocketAddr::new(b, APP_PORT), b"echo:").await;
+        pods,
+        echo,
+        ..
+    } = two_pods(21, b"echo:").await;
 
     let payload = b"hello through hbone".repeat(100);
-    let tcp = mesh.connect(a, _pod_a.outbound, echo).await;
+    let tcp = mesh.connect(a, pods[0].outbound, echo).await;
     let back = round_trip(tcp, &payload).await;
     assert_eq!(back, [b"echo:".as_slice(), &payload].concat());
 
@@ -356,34 +346,24 @@ async fn hbone_to_an_ip_without_workload_fails_the_handshake() {
 
 #[tokio::test]
 async fn drain_stops_accepting_finishes_open_connections_then_aborts_at_deadline() {
-    let mesh = Mesh::new();
-    let (a, b) = (ip(29, 1), ip(29, 2));
-    mesh.add_workload(workload(
-        "client",
+    let TwoPods {
+        mesh,
         a,
-        "client-sa",
-        pb::TunnelProtocol::Hbone,
-    ));
-    mesh.add_workload(workload(
-        "server",
-        b,
-        "server-sa",
-        pb::TunnelProtocol::Hbone,
-    ));
-    let mut pod_a = mesh.start_pod(a, "client", "client-sa");
-    let mut pod_b = mesh.start_pod(b, "server", "server-sa");
-    let echo = echo_server(SocketAddr::new(b, APP_PORT), b"").await;
+        mut pods,
+        echo,
+        ..
+    } = two_pods(29, b"").await;
 
     // One completed tunnel leaves a pooled HBONE connection into pod B.
-    let tcp = mesh.connect(a, pod_a.outbound, echo).await;
+    let tcp = mesh.connect(a, pods[0].outbound, echo).await;
     assert_eq!(round_trip(tcp, b"warm").await, b"warm");
     // An open connection during A's drain.
-    let mut open = mesh.connect(a, pod_a.outbound, echo).await;
+    let mut open = mesh.connect(a, pods[0].outbound, echo).await;
     open.write_all(b"before ").await.expect("write");
 
-    let drained = tokio::spawn(pod_a.take().drain(Duration::from_secs(5)));
+    let drained = tokio::spawn(pods[0].take().drain(Duration::from_secs(5)));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let refused = tokio::net::TcpStream::connect(pod_a.outbound).await;
+    let refused = tokio::net::TcpStream::connect(pods[0].outbound).await;
     assert!(refused.is_err(), "the outbound listener is closed on drain");
     assert!(!drained.is_finished(), "waits for the open connection");
     assert_eq!(round_trip(open, b"after").await, b"before after");
@@ -394,7 +374,7 @@ async fn drain_stops_accepting_finishes_open_connections_then_aborts_at_deadline
 
     // Pod B drains promptly although A's pool still holds an idle HBONE connection to it.
     let started = Instant::now();
-    pod_b.take().drain(Duration::from_secs(5)).await;
+    pods[1].take().drain(Duration::from_secs(5)).await;
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "GOAWAY ends idle HBONE connections"

@@ -3,47 +3,9 @@
 use std::net::SocketAddr;
 
 use mesh_proto::security as sec;
-use mesh_proto::workload as pb;
 
 use super::fixture::*;
 use crate::hbone::{ConnectRequest, Connection, H2Settings};
-
-struct TwoPods {
-    mesh: Mesh,
-    a: std::net::IpAddr,
-    b: std::net::IpAddr,
-    pods: Vec<PodNode>,
-    echo: SocketAddr,
-}
-
-async fn two_pods(net: u8) -> TwoPods {
-    let mesh = Mesh::new();
-    let (a, b) = (ip(net, 1), ip(net, 2));
-    mesh.add_workload(workload(
-        "client",
-        a,
-        "client-sa",
-        pb::TunnelProtocol::Hbone,
-    ));
-    mesh.add_workload(workload(
-        "server",
-        b,
-        "server-sa",
-        pb::TunnelProtocol::Hbone,
-    ));
-    let pods = vec![
-        mesh.start_pod(a, "client", "client-sa"),
-        mesh.start_pod(b, "server", "server-sa"),
-    ];
-    let echo = echo_server(SocketAddr::new(b, APP_PORT), b"").await;
-    TwoPods {
-        mesh,
-        a,
-        b,
-        pods,
-        echo,
-    }
-}
 
 fn principal_match(principal: &str) -> sec::Match {
     sec::Match {
@@ -54,7 +16,7 @@ fn principal_match(principal: &str) -> sec::Match {
 
 #[tokio::test]
 async fn deny_policy_answers_401_and_closes_the_client() {
-    let t = two_pods(31).await;
+    let t = two_pods(31, b"").await;
     t.mesh.add_policy(policy(
         "deny-client",
         sec::Action::Deny,
@@ -95,7 +57,7 @@ async fn deny_policy_answers_401_and_closes_the_client() {
 
 #[tokio::test]
 async fn allow_for_another_principal_denies_this_one() {
-    let t = two_pods(32).await;
+    let t = two_pods(32, b"").await;
     let tcp = t.mesh.connect(t.a, t.pods[0].outbound, t.echo).await;
     assert_eq!(
         round_trip(tcp, b"open").await,
@@ -128,7 +90,7 @@ async fn allow_for_another_principal_denies_this_one() {
 
 #[tokio::test]
 async fn strict_refuses_plaintext_while_permissive_passes() {
-    let t = two_pods(33).await;
+    let t = two_pods(33, b"").await;
     let outsider = ip(33, 77);
     let dst = SocketAddr::new(t.b, APP_PORT);
     let tcp = t.mesh.connect(outsider, t.pods[1].plaintext, dst).await;
