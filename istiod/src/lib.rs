@@ -7,6 +7,7 @@ pub mod auth;
 pub mod ca;
 pub mod config;
 pub mod debug;
+pub mod envoy;
 pub mod metrics;
 pub mod model;
 pub mod push;

@@ -22,6 +22,7 @@ mod peer_auth;
 mod service;
 mod snapshot;
 mod state;
+mod waypoints;
 mod workload;
 
 use std::net::IpAddr;

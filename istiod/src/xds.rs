@@ -203,6 +203,7 @@ impl<S: XdsSnapshot> XdsServer<S> {
             metrics: self.metrics.clone(),
             throttle: Arc::clone(&self.throttle),
             inflight: Vec::new(),
+            scope: String::new(),
         };
         (conn, rx)
     }

@@ -1,16 +1,19 @@
 //! Typed objects that the mesh reads from the cluster: Kubernetes core objects (from
-//! `k8s-openapi`), Istio CRDs (`security.istio.io`, `networking.istio.io`) and, later, Gateway API.
+//! `k8s-openapi`), Istio CRDs (`security.istio.io`, `networking.istio.io`) and Gateway API
+//! (`gateway.networking.k8s.io` Gateway and HTTPRoute).
 //!
 //! Every object is one variant of [`Object`], identified by an [`ObjectKey`]. Decoding goes
 //! through [`Object::from_value`], which checks `apiVersion`/`kind` and reports the exact field
 //! that failed.
 
 mod error;
+mod gateway;
 mod istio;
 mod labels;
 mod object;
 
 pub use error::ApiError;
+pub use gateway::*;
 pub use istio::*;
 pub use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

@@ -5,8 +5,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    ApiError, AuthorizationPolicy, Namespace, ObjectMeta, PeerAuthentication, Pod, Service,
-    ServiceEntry, WorkloadEntry,
+    ApiError, AuthorizationPolicy, Gateway, HttpRoute, Namespace, ObjectMeta, PeerAuthentication,
+    Pod, Service, ServiceEntry, WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -19,11 +19,13 @@ pub enum Kind {
     WorkloadEntry,
     AuthorizationPolicy,
     PeerAuthentication,
+    Gateway,
+    HttpRoute,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -31,6 +33,8 @@ impl Kind {
         Kind::WorkloadEntry,
         Kind::AuthorizationPolicy,
         Kind::PeerAuthentication,
+        Kind::Gateway,
+        Kind::HttpRoute,
     ];
 
     /// The Kubernetes `kind` string.
@@ -43,6 +47,8 @@ impl Kind {
             Kind::WorkloadEntry => "WorkloadEntry",
             Kind::AuthorizationPolicy => "AuthorizationPolicy",
             Kind::PeerAuthentication => "PeerAuthentication",
+            Kind::Gateway => "Gateway",
+            Kind::HttpRoute => "HTTPRoute",
         }
     }
 
@@ -52,6 +58,7 @@ impl Kind {
             Kind::Namespace | Kind::Pod | Kind::Service => "",
             Kind::ServiceEntry | Kind::WorkloadEntry => "networking.istio.io",
             Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
+            Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io",
         }
     }
 
@@ -60,6 +67,7 @@ impl Kind {
         match self.group() {
             "" => &["v1"],
             "networking.istio.io" => &["v1", "v1beta1", "v1alpha3"],
+            "gateway.networking.k8s.io" => &["v1", "v1beta1"],
             _ => &["v1", "v1beta1"],
         }
     }
@@ -122,6 +130,8 @@ pub enum Object {
     WorkloadEntry(Box<WorkloadEntry>),
     AuthorizationPolicy(Box<AuthorizationPolicy>),
     PeerAuthentication(Box<PeerAuthentication>),
+    Gateway(Box<Gateway>),
+    HttpRoute(Box<HttpRoute>),
 }
 
 impl Object {
@@ -134,6 +144,8 @@ impl Object {
             Object::WorkloadEntry(_) => Kind::WorkloadEntry,
             Object::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
             Object::PeerAuthentication(_) => Kind::PeerAuthentication,
+            Object::Gateway(_) => Kind::Gateway,
+            Object::HttpRoute(_) => Kind::HttpRoute,
         }
     }
 
@@ -146,6 +158,8 @@ impl Object {
             Object::WorkloadEntry(o) => &o.metadata,
             Object::AuthorizationPolicy(o) => &o.metadata,
             Object::PeerAuthentication(o) => &o.metadata,
+            Object::Gateway(o) => &o.metadata,
+            Object::HttpRoute(o) => &o.metadata,
         }
     }
 
@@ -187,6 +201,8 @@ impl Object {
             Kind::WorkloadEntry => Object::WorkloadEntry(decode(kind, &name, value)?),
             Kind::AuthorizationPolicy => Object::AuthorizationPolicy(decode(kind, &name, value)?),
             Kind::PeerAuthentication => Object::PeerAuthentication(decode(kind, &name, value)?),
+            Kind::Gateway => Object::Gateway(decode(kind, &name, value)?),
+            Kind::HttpRoute => Object::HttpRoute(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -206,6 +222,8 @@ impl Object {
             Object::WorkloadEntry(o) => &mut o.metadata,
             Object::AuthorizationPolicy(o) => &mut o.metadata,
             Object::PeerAuthentication(o) => &mut o.metadata,
+            Object::Gateway(o) => &mut o.metadata,
+            Object::HttpRoute(o) => &mut o.metadata,
         }
     }
 }

@@ -16,7 +16,7 @@ mod testing;
 
 pub use client::{ack, nack, validate_response, Applied, ClientError, DeltaClient, LocalResource};
 pub use resource::{Resource, ResourceMap};
-pub use snapshot::{ChangeSet, XdsSnapshot};
+pub use snapshot::{ChangeSet, ResourceView, Scoped, XdsSnapshot};
 pub use stream::{
     DeltaStream, NackRecord, RequestKind, RequestOutcome, StreamError, TypeStatus, WILDCARD,
 };

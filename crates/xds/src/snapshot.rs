@@ -27,4 +27,65 @@ pub trait XdsSnapshot: Send + Sync + 'static {
     fn created_at(&self) -> Option<std::time::Instant> {
         None
     }
+
+    /// The scope a proxy is served: every proxy of one scope gets the same resources (e.g.
+    /// one waypoint's configuration). The default, an empty scope, serves every proxy the
+    /// whole snapshot.
+    fn scope_of(&self, _node: &mesh_proto::envoy::pb::envoy::config::core::v3::Node) -> String {
+        String::new()
+    }
+
+    /// The resources of one type in `scope` (`None`: not served there).
+    fn scoped_resources(&self, scope: &str, type_url: &str) -> Option<&ResourceMap> {
+        let _ = scope;
+        self.resources(type_url)
+    }
+
+    /// [`XdsSnapshot::changes_since`] within `scope`.
+    fn scoped_changes_since(&self, scope: &str, version: u64) -> Option<ChangeSet> {
+        let _ = scope;
+        self.changes_since(version)
+    }
+}
+
+/// What a delta stream reads from a snapshot to answer one proxy.
+pub trait ResourceView {
+    fn version(&self) -> u64;
+    fn resources(&self, type_url: &str) -> Option<&ResourceMap>;
+    fn resolve_alias(&self, type_url: &str, alias: &str) -> Vec<String>;
+}
+
+impl<S: XdsSnapshot> ResourceView for S {
+    fn version(&self) -> u64 {
+        XdsSnapshot::version(self)
+    }
+    fn resources(&self, type_url: &str) -> Option<&ResourceMap> {
+        XdsSnapshot::resources(self, type_url)
+    }
+    fn resolve_alias(&self, type_url: &str, alias: &str) -> Vec<String> {
+        XdsSnapshot::resolve_alias(self, type_url, alias)
+    }
+}
+
+/// One scope of a snapshot, as a [`ResourceView`].
+#[derive(Debug)]
+pub struct Scoped<'a, S: ?Sized> {
+    pub snapshot: &'a S,
+    pub scope: &'a str,
+}
+
+impl<S: XdsSnapshot + ?Sized> ResourceView for Scoped<'_, S> {
+    fn version(&self) -> u64 {
+        self.snapshot.version()
+    }
+    fn resources(&self, type_url: &str) -> Option<&ResourceMap> {
+        self.snapshot.scoped_resources(self.scope, type_url)
+    }
+    fn resolve_alias(&self, type_url: &str, alias: &str) -> Vec<String> {
+        if self.scope.is_empty() {
+            self.snapshot.resolve_alias(type_url, alias)
+        } else {
+            Vec::new()
+        }
+    }
 }

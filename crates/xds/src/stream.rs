@@ -22,7 +22,7 @@ use mesh_proto::discovery::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as WireResource,
 };
 
-use crate::{ChangeSet, Resource, ResourceMap, XdsSnapshot};
+use crate::{ChangeSet, Resource, ResourceMap, ResourceView};
 
 /// The resource name that toggles a wildcard subscription.
 pub const WILDCARD: &str = "*";
@@ -187,7 +187,7 @@ impl DeltaStream {
     /// (`None`: compare everything). A pending request is always answered, even with an empty
     /// response; otherwise `None` means there is nothing to send. A returned response is
     /// recorded as sent: the caller must send it (or drop the stream).
-    pub fn respond<S: XdsSnapshot + ?Sized>(
+    pub fn respond<S: ResourceView + ?Sized>(
         &mut self,
         type_url: &str,
         snapshot: &S,
@@ -199,8 +199,8 @@ impl DeltaStream {
     }
 
     /// Computes the responses for every open type after a snapshot change. `changes` is
-    /// [`XdsSnapshot::changes_since`] of the last pushed version (`None`: compare everything).
-    pub fn push<S: XdsSnapshot + ?Sized>(
+    /// `XdsSnapshot::changes_since` of the last pushed version (`None`: compare everything).
+    pub fn push<S: ResourceView + ?Sized>(
         &mut self,
         snapshot: &S,
         changes: Option<&ChangeSet>,
@@ -348,7 +348,7 @@ impl TypeState {
     }
 
     /// The resources and removals to send; `None` if there is nothing to say.
-    fn compute<S: XdsSnapshot + ?Sized>(
+    fn compute<S: ResourceView + ?Sized>(
         &mut self,
         type_url: &str,
         snapshot: &S,
@@ -448,7 +448,7 @@ impl TypeState {
 }
 
 /// A name as the client wrote it -> resource names: itself if it exists, else its alias targets.
-fn resolve<S: XdsSnapshot + ?Sized>(
+fn resolve<S: ResourceView + ?Sized>(
     snapshot: &S,
     type_url: &str,
     map: &ResourceMap,

@@ -15,6 +15,7 @@ use super::claims::Claims;
 use super::peer_auth::STATIC_STRICT_POLICY_NAME;
 use super::snapshot::{AliasIndex, Snapshot, CHANGE_LOG_LEN};
 use super::state::State;
+use super::waypoints::WaypointIndex;
 use super::{BuildStats, ModelConfig, ModelError};
 
 /// What one source object produces.
@@ -50,12 +51,14 @@ pub struct Model {
     log: imbl::Vector<Arc<(u64, ChangeSet)>>,
     version: u64,
     recomputed_total: u64,
+    waypoints: WaypointIndex,
+    /// The configuration of a waypoint with nothing bound to it.
+    empty_waypoint: Arc<crate::envoy::ProxyResources>,
 }
 
 impl Model {
     pub fn new(cfg: ModelConfig) -> Model {
         Model {
-            cfg,
             state: State::default(),
             dirty: BTreeSet::new(),
             produced: HashMap::new(),
@@ -68,6 +71,20 @@ impl Model {
             log: imbl::Vector::new(),
             version: 0,
             recomputed_total: 0,
+            waypoints: WaypointIndex::default(),
+            empty_waypoint: Arc::new(crate::envoy::generate_waypoint(
+                &crate::envoy::WaypointInputs {
+                    key: crate::envoy::WaypointKey {
+                        namespace: String::new(),
+                        name: String::new(),
+                    },
+                    trust_domain: cfg.trust_domain.clone(),
+                    domain_suffix: cfg.domain_suffix.clone(),
+                    services: Vec::new(),
+                },
+                0,
+            )),
+            cfg,
         }
     }
 
@@ -118,6 +135,8 @@ impl Model {
         self.recomputed_total += stats.recomputed;
         stats.changed = changes.values().map(|s| s.len() as u64).sum();
         self.version += 1;
+        self.waypoints
+            .rebuild(&self.cfg, &self.state, &self.addresses, self.version);
         self.log.push_back(Arc::new((self.version, changes)));
         while self.log.len() > CHANGE_LOG_LEN {
             self.log.pop_front();
@@ -132,6 +151,8 @@ impl Model {
             errors: Arc::new(self.errors.values().flatten().cloned().collect()),
             stats,
             created_at: Some(std::time::Instant::now()),
+            waypoints: self.waypoints.views.clone(),
+            empty_waypoint: Arc::clone(&self.empty_waypoint),
         })
     }
 
@@ -145,6 +166,7 @@ impl Model {
     }
 
     fn mark(&mut self, key: &ObjectKey, old: Option<&Object>) {
+        self.waypoints.on_object(key, old, self.state.get(key));
         let mut dirty = vec![key.clone()];
         deps::affected(self, key, old, &mut dirty);
         self.dirty.extend(dirty);
@@ -164,6 +186,7 @@ impl Model {
             if let Some(r) = self.addresses.remove(name) {
                 unalias(&mut self.aliases, &r);
                 addr.insert(name.clone());
+                self.waypoints.on_address(name, None);
             }
         }
         for r in out.addresses {
@@ -175,6 +198,7 @@ impl Model {
             }
             alias(&mut self.aliases, &r);
             addr.insert(r.name.clone());
+            self.waypoints.on_address(&r.name, Some(&r.body.value));
             self.addresses.insert(r.name.clone(), r);
         }
         let authz = changes

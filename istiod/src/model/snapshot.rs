@@ -7,7 +7,9 @@ use mesh_xds::{ChangeSet, ResourceMap, XdsSnapshot};
 
 use super::debug;
 use super::state::NodeIdentities;
+use super::waypoints::{waypoint_of, WaypointViews};
 use super::{BuildStats, ModelError};
+use crate::envoy::{ProxyResources, WaypointKey};
 
 /// How many recent versions' change sets a snapshot remembers for [`XdsSnapshot::changes_since`].
 pub const CHANGE_LOG_LEN: usize = 64;
@@ -30,7 +32,14 @@ pub struct Snapshot {
     pub(crate) stats: BuildStats,
     /// When this snapshot was built (`None` for the empty initial one).
     pub(crate) created_at: Option<std::time::Instant>,
+    /// Envoy configuration of each waypoint.
+    pub(crate) waypoints: WaypointViews,
+    /// What a waypoint with nothing bound to it is served.
+    pub(crate) empty_waypoint: Arc<ProxyResources>,
 }
+
+/// The scope prefix of waypoint proxies: `waypoint:<namespace>/<gateway>`.
+const WAYPOINT_SCOPE: &str = "waypoint:";
 
 impl Snapshot {
     /// Version 0: nothing yet (before the source has synced).
@@ -63,6 +72,27 @@ impl Snapshot {
     /// Work done to build this version from the previous one.
     pub fn stats(&self) -> BuildStats {
         self.stats
+    }
+
+    /// The Envoy configuration of one waypoint (an empty waypoint's when nothing is bound).
+    pub fn waypoint(&self, key: &WaypointKey) -> &ProxyResources {
+        self.waypoints
+            .get(key)
+            .map_or(&*self.empty_waypoint, |v| &**v)
+    }
+
+    /// Every waypoint this snapshot configures.
+    pub fn waypoints(&self) -> impl Iterator<Item = (&WaypointKey, &ProxyResources)> {
+        self.waypoints.iter().map(|(k, v)| (k, &**v))
+    }
+
+    fn scope_view(&self, scope: &str) -> Option<&ProxyResources> {
+        let key = scope.strip_prefix(WAYPOINT_SCOPE)?;
+        let (namespace, name) = key.split_once('/').unwrap_or(("", ""));
+        Some(self.waypoint(&WaypointKey {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }))
     }
 
     /// A readable rendering (IPs as strings, enums by name) for `/debug/configz`.
@@ -110,6 +140,41 @@ impl XdsSnapshot for Snapshot {
         Some(out)
     }
 
+    /// Waypoints (`waypoint~` node ids) are served their Gateway's Envoy configuration, found by
+    /// the `gateway.networking.k8s.io/gateway-name` label in the node metadata `LABELS`;
+    /// every other proxy the ambient (WDS) resources.
+    fn scope_of(&self, node: &mesh_proto::envoy::pb::envoy::config::core::v3::Node) -> String {
+        let Ok(id) = crate::xds::NodeId::parse(&node.id) else {
+            return String::new();
+        };
+        if id.kind != crate::xds::ProxyKind::Waypoint {
+            return String::new();
+        }
+        let labels = node_labels(node);
+        match waypoint_of(&id.namespace, &labels) {
+            Some(key) => format!("{WAYPOINT_SCOPE}{key}"),
+            None => {
+                tracing::warn!(node = %node.id, "waypoint proxy without the {} label in its node metadata LABELS; it is served an empty waypoint configuration", mesh_api::GATEWAY_NAME_LABEL);
+                WAYPOINT_SCOPE.to_string()
+            }
+        }
+    }
+
+    fn scoped_resources(&self, scope: &str, type_url: &str) -> Option<&ResourceMap> {
+        if scope.is_empty() {
+            return self.resources(type_url);
+        }
+        self.scope_view(scope)?.get(type_url)
+    }
+
+    fn scoped_changes_since(&self, scope: &str, version: u64) -> Option<ChangeSet> {
+        if scope.is_empty() {
+            return self.changes_since(version);
+        }
+        let view = self.scope_view(scope)?;
+        (view.changed_in <= version).then(ChangeSet::new)
+    }
+
     fn resolve_alias(&self, type_url: &str, alias: &str) -> Vec<String> {
         if type_url != type_url::ADDRESS {
             return Vec::new();
@@ -119,4 +184,27 @@ impl XdsSnapshot for Snapshot {
             .map(|names| names.iter().cloned().collect())
             .unwrap_or_default()
     }
+}
+
+/// The `LABELS` map of a node's metadata (pilot-agent fills it from the pod's labels).
+fn node_labels(
+    node: &mesh_proto::envoy::pb::envoy::config::core::v3::Node,
+) -> std::collections::BTreeMap<String, String> {
+    use mesh_proto::envoy::pb::google::protobuf::value::Kind;
+    let Some(Kind::StructValue(labels)) = node
+        .metadata
+        .as_ref()
+        .and_then(|m| m.fields.get("LABELS"))
+        .and_then(|v| v.kind.as_ref())
+    else {
+        return Default::default();
+    };
+    labels
+        .fields
+        .iter()
+        .filter_map(|(k, v)| match &v.kind {
+            Some(Kind::StringValue(s)) => Some((k.clone(), s.clone())),
+            _ => None,
+        })
+        .collect()
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
-use mesh_xds::{metric_type, RequestKind, RequestOutcome, XdsSnapshot};
+use mesh_xds::{metric_type, RequestKind, RequestOutcome, Scoped, XdsSnapshot};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tonic::{Status, Streaming};
@@ -42,6 +42,8 @@ pub(crate) struct Connection<S: XdsSnapshot> {
     /// Bounds the full-state responses in flight across all connections.
     pub throttle: Arc<Semaphore>,
     pub inflight: Vec<InFlight>,
+    /// What part of each snapshot this proxy is served (empty: everything), from its node.
+    pub scope: String,
 }
 
 impl<S: XdsSnapshot> Connection<S> {
@@ -117,7 +119,11 @@ impl<S: XdsSnapshot> Connection<S> {
             self.identify(&req);
         }
         let type_url = req.type_url.as_str();
-        if self.current.resources(type_url).is_none() {
+        if self
+            .current
+            .scoped_resources(&self.scope, type_url)
+            .is_none()
+        {
             tracing::warn!(conn = %self.entry.id, type_url, "request for a type this istiod does not serve (or no type_url); ignoring it, the stream stays up");
             return Ok(());
         }
@@ -138,7 +144,11 @@ impl<S: XdsSnapshot> Connection<S> {
             )
         };
         let permit = if full { self.permit().await } else { None };
-        let response = self.entry.stream().respond(type_url, &*self.current, None);
+        let view = Scoped {
+            snapshot: &*self.current,
+            scope: &self.scope,
+        };
+        let response = self.entry.stream().respond(type_url, &view, None);
         match response {
             Some(resp) => self.send(resp, false, permit).await,
             None => Ok(()),
@@ -156,7 +166,8 @@ impl<S: XdsSnapshot> Connection<S> {
             }
         };
         let version = istio_version(&node).unwrap_or_else(|| "unknown".to_string());
-        tracing::info!(conn = %self.entry.id, node = %node.id, peer = ?self.entry.peer, version = %version, "xDS stream connected");
+        self.scope = self.current.scope_of(&node);
+        tracing::info!(conn = %self.entry.id, node = %node.id, peer = ?self.entry.peer, version = %version, scope = %self.scope, "xDS stream connected");
         self.guard.count_in(self.metrics.connected(&version));
         *self.entry.node() = Some(NodeInfo {
             raw: node.id,
@@ -189,12 +200,16 @@ impl<S: XdsSnapshot> Connection<S> {
         if newest.version() == from {
             return Ok(());
         }
-        let changes = newest.changes_since(from);
+        let changes = newest.scoped_changes_since(&self.scope, from);
         let mut permit = match changes {
             None => self.permit().await,
             Some(_) => None,
         };
-        let responses = self.entry.stream().push(&*newest, changes.as_ref());
+        let view = Scoped {
+            snapshot: &*newest,
+            scope: &self.scope,
+        };
+        let responses = self.entry.stream().push(&view, changes.as_ref());
         tracing::debug!(conn = %self.entry.id, from, to = newest.version(), full = changes.is_none(), responses = responses.len(), "snapshot change");
         self.current = newest;
         self.entry

@@ -1,5 +1,6 @@
 //! Proxy node ids: `<type>~<ip>~<pod>.<namespace>~<namespace>.svc.<domain>`, as ztunnel
-//! (`ztunnel~...`) and Envoy (`sidecar~...`, `router~...`) send them in `Node.id`.
+//! (`ztunnel~...`) and Envoy (`sidecar~...`, `router~...`, `waypoint~...`) send them in
+//! `Node.id`.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -12,7 +13,9 @@ pub enum NodeIdError {
          (<type>~<ip>~<pod>.<namespace>~<namespace>.svc.cluster.local)"
     )]
     Parts { id: String, parts: usize },
-    #[error("node id {id:?} has proxy type {kind:?}; expected ztunnel, sidecar or router")]
+    #[error(
+        "node id {id:?} has proxy type {kind:?}; expected ztunnel, sidecar, router or waypoint"
+    )]
     Kind { id: String, kind: String },
     #[error("node id {id:?} has IP {ip:?} that does not parse; is the proxy's INSTANCE_IP set?")]
     Ip { id: String, ip: String },
@@ -38,6 +41,7 @@ pub enum ProxyKind {
     Ztunnel,
     Sidecar,
     Router,
+    Waypoint,
 }
 
 impl fmt::Display for ProxyKind {
@@ -46,6 +50,7 @@ impl fmt::Display for ProxyKind {
             ProxyKind::Ztunnel => "ztunnel",
             ProxyKind::Sidecar => "sidecar",
             ProxyKind::Router => "router",
+            ProxyKind::Waypoint => "waypoint",
         })
     }
 }
@@ -76,6 +81,7 @@ impl NodeId {
             "ztunnel" => ProxyKind::Ztunnel,
             "sidecar" => ProxyKind::Sidecar,
             "router" => ProxyKind::Router,
+            "waypoint" => ProxyKind::Waypoint,
             other => {
                 return Err(NodeIdError::Kind {
                     id: id.to_string(),
@@ -129,13 +135,19 @@ mod tests {
         );
         let r = NodeId::parse("router~10.0.0.1~gw.ns~ns.svc.cluster.local").expect("router");
         assert_eq!(r.kind, ProxyKind::Router);
+        let w = NodeId::parse("waypoint~10.0.0.2~waypoint-5d9f.shop~shop.svc.cluster.local")
+            .expect("waypoint");
+        assert_eq!(
+            (w.kind, w.namespace.as_str()),
+            (ProxyKind::Waypoint, "shop")
+        );
     }
 
     #[test]
     fn rejects_malformed_ids() {
         let cases = [
             ("garbage", "parts"),
-            ("waypoint~10.0.0.1~a.b~b.svc", "kind"),
+            ("gateway~10.0.0.1~a.b~b.svc", "kind"),
             ("ztunnel~not-ip~a.b~b.svc", "ip"),
             ("ztunnel~10.0.0.1~nodot~b.svc", "workload"),
         ];

@@ -4,6 +4,7 @@ use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 
 use super::*;
 use crate::testing::{res, TestSnapshot, T};
+use crate::XdsSnapshot;
 
 fn req(sub: &[&str], unsub: &[&str]) -> DeltaDiscoveryRequest {
     DeltaDiscoveryRequest {

@@ -17,7 +17,8 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
     let new = m.state.get(key);
     let ns = key.namespace.as_str();
     match key.kind {
-        Kind::Pod | Kind::WorkloadEntry => {}
+        // Gateways and routes change waypoint configuration only (see `model::waypoints`).
+        Kind::Pod | Kind::WorkloadEntry | Kind::Gateway | Kind::HttpRoute => {}
         Kind::Namespace => {
             if labels_of(old) != labels_of(new) {
                 for kind in [

@@ -1,0 +1,246 @@
+//! Waypoint clusters and their EDS endpoints.
+
+use std::time::Duration;
+
+use mesh_proto::envoy::pb::envoy::config::cluster::v3::{
+    cluster::{
+        ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbConfig, LbPolicy,
+        OriginalDstLbConfig,
+    },
+    Cluster,
+};
+use mesh_proto::envoy::pb::envoy::config::core::v3::{
+    address, transport_socket, Address, EnvoyInternalAddress, Http2ProtocolOptions, Metadata,
+    TransportSocket,
+};
+use mesh_proto::envoy::pb::envoy::config::endpoint::v3::{
+    lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint,
+    LocalityLbEndpoints,
+};
+use mesh_proto::envoy::pb::envoy::extensions::transport_sockets::internal_upstream::v3::{
+    internal_upstream_transport::MetadataValueSource, InternalUpstreamTransport,
+};
+use mesh_proto::envoy::pb::envoy::extensions::transport_sockets::raw_buffer::v3::RawBuffer;
+use mesh_proto::envoy::pb::envoy::extensions::upstreams::http::v3::{
+    http_protocol_options::{
+        explicit_http_config::ProtocolConfig, ExplicitHttpConfig, UpstreamProtocolOptions,
+    },
+    HttpProtocolOptions,
+};
+use mesh_proto::envoy::pb::envoy::r#type::metadata::v3::{metadata_kind, MetadataKind};
+use mesh_proto::envoy::pb::google::protobuf::{value::Kind as ValueKind, Struct, Value};
+
+use super::any::{ads_source, duration, pack, u32_value};
+use super::inputs::{BoundService, Protocol, WaypointInputs};
+use super::{names, tls, HBONE_PORT};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long an idle HBONE connection to a pod is kept (Istio's `hboneIdleTimeout` default).
+const HBONE_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+
+/// Every cluster of a waypoint: the three internal plumbing clusters, then one per bound
+/// service port.
+pub fn waypoint_clusters(inputs: &WaypointInputs) -> Vec<Cluster> {
+    let mut out = vec![
+        internal_static(names::MAIN_INTERNAL, names::MAIN_INTERNAL),
+        internal_static(names::ENCAP, names::CONNECT_ORIGINATE),
+        connect_originate(&inputs.trust_domain),
+    ];
+    for svc in &inputs.services {
+        for port in &svc.ports {
+            out.push(vip_cluster(svc, port.port, port.protocol));
+        }
+    }
+    out
+}
+
+/// EDS for every service-port cluster.
+pub fn waypoint_endpoints(inputs: &WaypointInputs) -> Vec<ClusterLoadAssignment> {
+    inputs
+        .services
+        .iter()
+        .flat_map(|svc| {
+            svc.ports
+                .iter()
+                .map(move |p| load_assignment(svc, p.port, p.protocol))
+        })
+        .collect()
+}
+
+/// A STATIC cluster whose one endpoint is the internal listener `listener`.
+fn internal_static(name: &str, listener: &str) -> Cluster {
+    Cluster {
+        name: name.to_string(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
+        load_assignment: Some(ClusterLoadAssignment {
+            cluster_name: name.to_string(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![lb_endpoint(internal_address(listener, ""), None)],
+                ..LocalityLbEndpoints::default()
+            }],
+            ..ClusterLoadAssignment::default()
+        }),
+        transport_socket: Some(internal_upstream(false)),
+        ..Cluster::default()
+    }
+}
+
+/// HBONE to a pod's ztunnel: the original destination with port 15008, HTTP/2 CONNECT, TLS.
+fn connect_originate(trust_domain: &str) -> Cluster {
+    let mut cluster = Cluster {
+        name: names::CONNECT_ORIGINATE.to_string(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(
+            DiscoveryType::OriginalDst as i32,
+        )),
+        lb_policy: LbPolicy::ClusterProvided as i32,
+        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
+        cleanup_interval: Some(duration(Duration::from_secs(60))),
+        lb_config: Some(LbConfig::OriginalDstLbConfig(OriginalDstLbConfig {
+            upstream_port_override: Some(u32_value(u32::from(HBONE_PORT))),
+            ..OriginalDstLbConfig::default()
+        })),
+        transport_socket: Some(tls::hbone_client(trust_domain)),
+        ..Cluster::default()
+    };
+    cluster
+        .typed_extension_protocol_options
+        .insert(HTTP_PROTOCOL_OPTIONS.to_string(), pack(&h2_options(true)));
+    cluster
+}
+
+fn h2_options(allow_connect: bool) -> HttpProtocolOptions {
+    use mesh_proto::envoy::pb::envoy::config::core::v3::HttpProtocolOptions as CommonOptions;
+    HttpProtocolOptions {
+        common_http_protocol_options: allow_connect.then(|| CommonOptions {
+            idle_timeout: Some(duration(HBONE_IDLE_TIMEOUT)),
+            ..CommonOptions::default()
+        }),
+        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+            ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(Http2ProtocolOptions {
+                    allow_connect,
+                    ..Http2ProtocolOptions::default()
+                })),
+            },
+        )),
+        ..HttpProtocolOptions::default()
+    }
+}
+
+/// `inbound-vip|<port>|<http|tcp>|<host>`: EDS, through `connect_originate`.
+fn vip_cluster(svc: &BoundService, port: u16, protocol: Protocol) -> Cluster {
+    let name = names::vip_cluster(port, protocol.family(), &svc.hostname);
+    let mut cluster = Cluster {
+        name: name.clone(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig {
+            eds_config: Some(ads_source()),
+            service_name: name,
+        }),
+        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
+        transport_socket: Some(internal_upstream(true)),
+        ..Cluster::default()
+    };
+    if protocol.upstream_h2() {
+        cluster
+            .typed_extension_protocol_options
+            .insert(HTTP_PROTOCOL_OPTIONS.to_string(), pack(&h2_options(false)));
+    }
+    cluster
+}
+
+/// The endpoints of one service port: each pod as an internal address of `connect_originate`
+/// carrying `ip:targetPort` as the original destination.
+fn load_assignment(svc: &BoundService, port: u16, protocol: Protocol) -> ClusterLoadAssignment {
+    let name = names::vip_cluster(port, protocol.family(), &svc.hostname);
+    let lb_endpoints = svc
+        .endpoints
+        .iter()
+        .filter(|e| e.healthy)
+        .filter_map(|e| {
+            let target = std::net::SocketAddr::new(e.ip, e.target_port(port)?);
+            let id = target.to_string();
+            let addr = internal_address(names::CONNECT_ORIGINATE, &id);
+            Some(lb_endpoint(addr, Some(original_dst_metadata(&id))))
+        })
+        .collect();
+    ClusterLoadAssignment {
+        cluster_name: name,
+        endpoints: vec![LocalityLbEndpoints {
+            lb_endpoints,
+            ..LocalityLbEndpoints::default()
+        }],
+        ..ClusterLoadAssignment::default()
+    }
+}
+
+fn internal_address(listener: &str, endpoint_id: &str) -> Address {
+    Address {
+        address: Some(address::Address::EnvoyInternalAddress(EnvoyInternalAddress {
+            endpoint_id: endpoint_id.to_string(),
+            address_name_specifier: Some(
+                mesh_proto::envoy::pb::envoy::config::core::v3::envoy_internal_address::AddressNameSpecifier::ServerListenerName(
+                    listener.to_string(),
+                ),
+            ),
+        })),
+    }
+}
+
+fn lb_endpoint(address: Address, metadata: Option<Metadata>) -> LbEndpoint {
+    LbEndpoint {
+        host_identifier: Some(HostIdentifier::Endpoint(EnvoyEndpoint {
+            address: Some(address),
+            ..EnvoyEndpoint::default()
+        })),
+        metadata,
+        ..LbEndpoint::default()
+    }
+}
+
+/// `envoy.filters.listener.original_dst: {local: "<ip:port>"}`.
+fn original_dst_metadata(local: &str) -> Metadata {
+    let fields = [(
+        "local".to_string(),
+        Value {
+            kind: Some(ValueKind::StringValue(local.to_string())),
+        },
+    )]
+    .into_iter()
+    .collect();
+    let mut md = Metadata::default();
+    md.filter_metadata
+        .insert(names::ORIGINAL_DST_METADATA.to_string(), Struct { fields });
+    md
+}
+
+/// The internal-upstream transport (raw buffer inside); with `passthrough`, the endpoint's
+/// original-destination metadata travels to the internal listener.
+fn internal_upstream(passthrough: bool) -> TransportSocket {
+    let passthrough_metadata = if passthrough {
+        vec![MetadataValueSource {
+            kind: Some(MetadataKind {
+                kind: Some(metadata_kind::Kind::Host(metadata_kind::Host {})),
+            }),
+            name: names::ORIGINAL_DST_METADATA.to_string(),
+        }]
+    } else {
+        Vec::new()
+    };
+    let raw = TransportSocket {
+        name: "envoy.transport_sockets.raw_buffer".to_string(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack(
+            &RawBuffer {},
+        ))),
+    };
+    let transport = InternalUpstreamTransport {
+        passthrough_metadata,
+        transport_socket: Some(raw),
+    };
+    TransportSocket {
+        name: "envoy.transport_sockets.internal_upstream".to_string(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack(&transport))),
+    }
+}

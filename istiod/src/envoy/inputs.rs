@@ -1,0 +1,146 @@
+//! What the waypoint generators read: plain data assembled by the model, no Kubernetes types
+//! except the Gateway API route objects themselves.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use mesh_api::{AuthorizationPolicy, HttpRoute};
+use serde::Serialize;
+
+/// A waypoint: the Gateway's namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct WaypointKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for WaypointKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// How a service port is proxied, as Istio decides it from `appProtocol` or the port name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// HTTP/1.1 (and HTTP/2 with prior knowledge or upgrade: the codec detects it).
+    Http,
+    /// HTTP/2 to the application.
+    Http2,
+    Grpc,
+    /// Opaque TCP (also TLS, MySQL, Mongo, ...).
+    Tcp,
+}
+
+impl Protocol {
+    /// `appProtocol` wins over the port name's prefix (`http-web`, `grpc`, `tcp-db`); the
+    /// default for an unnamed port is HTTP, which Istio sniffs (the HTTP codec then serves both
+    /// HTTP/1.1 and HTTP/2 clients).
+    pub fn detect(app_protocol: Option<&str>, port_name: Option<&str>) -> Protocol {
+        let classify = |p: &str| -> Option<Protocol> {
+            let p = p.to_ascii_lowercase();
+            let p = p.strip_prefix("kubernetes.io/").unwrap_or(&p).to_string();
+            match p.as_str() {
+                "http" | "http1" | "http/1.1" => Some(Protocol::Http),
+                "http2" | "h2c" | "h2" => Some(Protocol::Http2),
+                "grpc" | "grpc-web" => Some(Protocol::Grpc),
+                "tcp" | "tls" | "https" | "mysql" | "mongo" | "redis" => Some(Protocol::Tcp),
+                _ => None,
+            }
+        };
+        if let Some(p) = app_protocol.and_then(classify) {
+            return p;
+        }
+        port_name
+            .and_then(|n| classify(n.split('-').next().unwrap_or(n)))
+            .unwrap_or(Protocol::Http)
+    }
+
+    /// `http` or `tcp`: the protocol part of cluster and chain names.
+    pub fn family(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "tcp",
+            _ => "http",
+        }
+    }
+
+    /// Whether the upstream (the application) speaks HTTP/2.
+    pub fn upstream_h2(self) -> bool {
+        matches!(self, Protocol::Http2 | Protocol::Grpc)
+    }
+}
+
+/// One port of a bound service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ServicePort {
+    pub port: u16,
+    pub name: Option<String>,
+    pub protocol: Protocol,
+}
+
+/// One pod (or WorkloadEntry) behind a service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Endpoint {
+    pub ip: IpAddr,
+    /// Service port -> the port the workload listens on.
+    pub target_ports: Vec<(u16, u16)>,
+    pub healthy: bool,
+    /// The workload's labels (for DestinationRule subsets and route backends).
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl Endpoint {
+    /// The workload port serving `service_port` (the service port itself when unmapped).
+    pub fn target_port(&self, service_port: u16) -> Option<u16> {
+        self.target_ports
+            .iter()
+            .find(|(sp, _)| *sp == service_port)
+            .map(|(_, tp)| if *tp == 0 { service_port } else { *tp })
+    }
+}
+
+/// A service whose traffic goes through the waypoint.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BoundService {
+    pub namespace: String,
+    pub name: String,
+    /// `<name>.<namespace>.svc.<suffix>` (or a ServiceEntry host).
+    pub hostname: String,
+    pub vips: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+    pub endpoints: Vec<Endpoint>,
+    /// HTTPRoutes whose parentRefs name this service, oldest first.
+    #[serde(skip)]
+    pub routes: Vec<Arc<HttpRoute>>,
+    /// AuthorizationPolicies attached to this service or to the waypoint (by `targetRefs`).
+    #[serde(skip)]
+    pub policies: Vec<WaypointPolicy>,
+}
+
+/// An AuthorizationPolicy in force on a waypoint for a service.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaypointPolicy {
+    /// `namespace/name`.
+    pub key: String,
+    pub policy: Arc<AuthorizationPolicy>,
+}
+
+/// Everything one waypoint's configuration depends on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WaypointInputs {
+    pub key: WaypointKey,
+    pub trust_domain: String,
+    pub domain_suffix: String,
+    /// Sorted by hostname.
+    pub services: Vec<BoundService>,
+}
+
+impl WaypointInputs {
+    /// The bound service with this `namespace` and `name`, if any.
+    pub fn service(&self, namespace: &str, name: &str) -> Option<&BoundService> {
+        self.services
+            .iter()
+            .find(|s| s.namespace == namespace && s.name == name)
+    }
+}

@@ -1,0 +1,352 @@
+//! Which services each waypoint serves, and each waypoint's Envoy configuration.
+//!
+//! The index follows the WDS resources the model commits (a Service's `waypoint`, a workload's
+//! `services`) and the Gateway / HTTPRoute objects, and marks the waypoints a change touches.
+//! After each build only those waypoints are regenerated; a waypoint whose generated resources
+//! are unchanged keeps its previous value (and `changed_in`), so its proxies get no push.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use mesh_api::{Kind, Object, ObjectKey, WAYPOINT_CLASS};
+use mesh_proto::workload::{address, gateway_address, Address, Service as WdsService, Workload};
+use mesh_xds::ResourceMap;
+use prost::Message;
+
+use super::state::{meta_labels, State};
+use super::workload::bytes_ip;
+use super::ModelConfig;
+use crate::envoy::{
+    generate_waypoint, BoundService, Endpoint, Protocol, ProxyResources, ServicePort,
+    WaypointInputs, WaypointKey,
+};
+
+/// Waypoint configuration by waypoint, shared by every snapshot until it changes.
+pub(crate) type WaypointViews = imbl::OrdMap<WaypointKey, Arc<ProxyResources>>;
+
+/// What the index remembers of a service.
+#[derive(Debug, Clone)]
+struct ServiceInfo {
+    namespace: String,
+    name: String,
+    waypoint: Option<WaypointKey>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct WaypointIndex {
+    /// WDS service key (`ns/hostname`) -> what it is bound to.
+    services: HashMap<String, ServiceInfo>,
+    /// WDS service key -> workload uids selected by it.
+    endpoints: HashMap<String, BTreeSet<String>>,
+    /// Workload uid -> the service keys it belongs to.
+    workload_services: HashMap<String, Vec<String>>,
+    /// Waypoint -> its service keys.
+    bound: BTreeMap<WaypointKey, BTreeSet<String>>,
+    dirty: BTreeSet<WaypointKey>,
+    pub views: WaypointViews,
+}
+
+impl WaypointIndex {
+    /// Follows one committed (or removed, `None`) WDS address resource.
+    pub fn on_address(&mut self, name: &str, body: Option<&[u8]>) {
+        let decoded = body.and_then(|b| Address::decode(b).ok());
+        match decoded.and_then(|a| a.r#type) {
+            Some(address::Type::Service(svc)) => self.on_service(name, Some(&svc)),
+            Some(address::Type::Workload(w)) => self.on_workload(name, Some(&w)),
+            None => {
+                if self.services.contains_key(name) {
+                    self.on_service(name, None);
+                } else {
+                    self.on_workload(name, None);
+                }
+            }
+        }
+    }
+
+    fn on_service(&mut self, key: &str, svc: Option<&WdsService>) {
+        if let Some(old) = self.services.remove(key) {
+            if let Some(wp) = old.waypoint {
+                self.dirty.insert(wp.clone());
+                if let Some(set) = self.bound.get_mut(&wp) {
+                    set.remove(key);
+                }
+            }
+        }
+        let Some(svc) = svc else { return };
+        let waypoint = svc.waypoint.as_ref().and_then(|g| match &g.destination {
+            Some(gateway_address::Destination::Hostname(h)) => Some(WaypointKey {
+                namespace: h.namespace.clone(),
+                name: h.hostname.split('.').next().unwrap_or_default().to_string(),
+            }),
+            _ => None,
+        });
+        if let Some(wp) = &waypoint {
+            self.dirty.insert(wp.clone());
+            self.bound
+                .entry(wp.clone())
+                .or_default()
+                .insert(key.to_string());
+        }
+        self.services.insert(
+            key.to_string(),
+            ServiceInfo {
+                namespace: svc.namespace.clone(),
+                name: svc.name.clone(),
+                waypoint,
+            },
+        );
+    }
+
+    fn on_workload(&mut self, uid: &str, w: Option<&Workload>) {
+        let old = self.workload_services.remove(uid).unwrap_or_default();
+        let new: Vec<String> = w
+            .map(|w| w.services.keys().cloned().collect())
+            .unwrap_or_default();
+        for key in &old {
+            if let Some(set) = self.endpoints.get_mut(key) {
+                set.remove(uid);
+            }
+        }
+        for key in &new {
+            self.endpoints
+                .entry(key.clone())
+                .or_default()
+                .insert(uid.to_string());
+        }
+        for key in old.iter().chain(&new) {
+            if let Some(wp) = self.services.get(key).and_then(|s| s.waypoint.clone()) {
+                self.dirty.insert(wp);
+            }
+        }
+        if !new.is_empty() {
+            self.workload_services.insert(uid.to_string(), new);
+        }
+    }
+
+    /// Follows a Gateway or HTTPRoute change (`old` and current versions of the object).
+    pub fn on_object(&mut self, key: &ObjectKey, old: Option<&Object>, new: Option<&Object>) {
+        match key.kind {
+            Kind::Gateway => {
+                self.dirty.insert(WaypointKey {
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                });
+            }
+            Kind::HttpRoute => {
+                for obj in [old, new].into_iter().flatten() {
+                    let Object::HttpRoute(route) = obj else {
+                        continue;
+                    };
+                    for p in route.spec.parent_refs.iter().filter(|p| p.is_service()) {
+                        let ns = p.namespace.as_deref().unwrap_or(&key.namespace);
+                        self.mark_service(ns, &p.name);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn mark_service(&mut self, ns: &str, name: &str) {
+        let wps: Vec<WaypointKey> = self
+            .services
+            .values()
+            .filter(|s| s.namespace == ns && s.name == name)
+            .filter_map(|s| s.waypoint.clone())
+            .collect();
+        self.dirty.extend(wps);
+    }
+
+    /// Regenerates every marked waypoint against the committed state.
+    pub fn rebuild(
+        &mut self,
+        cfg: &ModelConfig,
+        state: &State,
+        addresses: &ResourceMap,
+        version: u64,
+    ) {
+        for wp in std::mem::take(&mut self.dirty) {
+            let known = self.bound.get(&wp).is_some_and(|s| !s.is_empty())
+                || is_waypoint_gateway(state, &wp);
+            if !known {
+                self.bound.remove(&wp);
+                if !self.views.contains_key(&wp) {
+                    continue;
+                }
+                // Served before: its proxies must see that everything is gone.
+            }
+            let inputs = self.inputs(cfg, state, addresses, &wp);
+            let fresh = generate_waypoint(&inputs, version);
+            for e in &fresh.errors {
+                tracing::warn!(waypoint = %wp, reason = e.reason(), "{e}");
+            }
+            let keep = self
+                .views
+                .get(&wp)
+                .is_some_and(|old| old.same_content(&fresh));
+            if !keep {
+                self.views.insert(wp, Arc::new(fresh));
+            }
+        }
+    }
+
+    fn inputs(
+        &self,
+        cfg: &ModelConfig,
+        state: &State,
+        addresses: &ResourceMap,
+        wp: &WaypointKey,
+    ) -> WaypointInputs {
+        let mut services: Vec<BoundService> = self
+            .bound
+            .get(wp)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.bound_service(state, addresses, key))
+            .collect();
+        services.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+        WaypointInputs {
+            key: wp.clone(),
+            trust_domain: cfg.trust_domain.clone(),
+            domain_suffix: cfg.domain_suffix.clone(),
+            services,
+        }
+    }
+
+    fn bound_service(
+        &self,
+        state: &State,
+        addresses: &ResourceMap,
+        key: &str,
+    ) -> Option<BoundService> {
+        let svc = match decode(addresses, key)? {
+            address::Type::Service(s) => s,
+            address::Type::Workload(_) => return None,
+        };
+        let raw = match state.get(&ObjectKey::new(Kind::Service, &svc.namespace, &svc.name)) {
+            Some(Object::Service(s)) => Some(s),
+            _ => None,
+        };
+        let ports = svc
+            .ports
+            .iter()
+            .filter_map(|p| {
+                let port = u16::try_from(p.service_port).ok()?;
+                let spec = raw
+                    .and_then(|s| s.spec.as_ref())
+                    .and_then(|s| s.ports.as_ref())
+                    .and_then(|ps| ps.iter().find(|sp| i64::from(sp.port) == i64::from(port)));
+                let name = spec.and_then(|s| s.name.clone());
+                let protocol = match spec {
+                    Some(s) => Protocol::detect(s.app_protocol.as_deref(), s.name.as_deref()),
+                    None => wds_protocol(p.app_protocol),
+                };
+                Some(ServicePort {
+                    port,
+                    name,
+                    protocol,
+                })
+            })
+            .collect();
+        let endpoints = self
+            .endpoints
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|uid| endpoint(state, addresses, uid, key))
+            .collect();
+        let routes = state
+            .objects_in(Kind::HttpRoute, &svc.namespace)
+            .filter_map(|o| match o {
+                Object::HttpRoute(r) => Some(Arc::new((**r).clone())),
+                _ => None,
+            })
+            .filter(|r| {
+                r.spec
+                    .parent_refs
+                    .iter()
+                    .any(|p| p.is_service() && p.name == svc.name)
+            })
+            .collect();
+        Some(BoundService {
+            namespace: svc.namespace.clone(),
+            name: svc.name.clone(),
+            hostname: svc.hostname.clone(),
+            vips: svc
+                .addresses
+                .iter()
+                .filter_map(|a| bytes_ip(&a.address))
+                .collect(),
+            ports,
+            endpoints,
+            routes,
+            policies: Vec::new(),
+        })
+    }
+}
+
+fn decode(addresses: &ResourceMap, key: &str) -> Option<address::Type> {
+    let r = addresses.get(key)?;
+    Address::decode(r.body.value.as_slice()).ok()?.r#type
+}
+
+fn endpoint(state: &State, addresses: &ResourceMap, uid: &str, svc_key: &str) -> Option<Endpoint> {
+    let address::Type::Workload(w) = decode(addresses, uid)? else {
+        return None;
+    };
+    let ip: IpAddr = w.addresses.first().and_then(|a| bytes_ip(a))?;
+    let ports = w.services.get(svc_key)?;
+    let target_ports = ports
+        .ports
+        .iter()
+        .filter_map(|p| {
+            Some((
+                u16::try_from(p.service_port).ok()?,
+                u16::try_from(p.target_port).ok()?,
+            ))
+        })
+        .collect();
+    let labels = match state.get(&ObjectKey::new(Kind::Pod, &w.namespace, &w.name)) {
+        Some(o) => meta_labels(o.metadata()).clone(),
+        None => BTreeMap::new(),
+    };
+    Some(Endpoint {
+        ip,
+        target_ports,
+        healthy: w.status == mesh_proto::workload::WorkloadStatus::Healthy as i32,
+        labels,
+    })
+}
+
+/// A ServiceEntry's port protocol as WDS carries it; unknown is sniffed as HTTP.
+fn wds_protocol(app_protocol: i32) -> Protocol {
+    use mesh_proto::workload::AppProtocol;
+    match AppProtocol::try_from(app_protocol) {
+        Ok(AppProtocol::Http2) => Protocol::Http2,
+        Ok(AppProtocol::Grpc) => Protocol::Grpc,
+        Ok(AppProtocol::Tcp | AppProtocol::Tls) => Protocol::Tcp,
+        _ => Protocol::Http,
+    }
+}
+
+/// Whether a Gateway of class `istio-waypoint` with this key exists.
+fn is_waypoint_gateway(state: &State, wp: &WaypointKey) -> bool {
+    matches!(
+        state.get(&ObjectKey::new(Kind::Gateway, &wp.namespace, &wp.name)),
+        Some(Object::Gateway(g)) if g.spec.gateway_class_name == WAYPOINT_CLASS
+    )
+}
+
+/// The waypoint a proxy belongs to: the Gateway named by its pod's
+/// `gateway.networking.k8s.io/gateway-name` label (sent in the node metadata `LABELS`).
+pub(crate) fn waypoint_of(
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Option<WaypointKey> {
+    let name = labels.get(mesh_api::GATEWAY_NAME_LABEL)?;
+    (!name.is_empty()).then(|| WaypointKey {
+        namespace: namespace.to_string(),
+        name: name.clone(),
+    })
+}
