@@ -89,6 +89,28 @@ impl Istiod {
         self.dir.path().join(format!("token-{node}"))
     }
 
+    /// Registers a bearer token for the workload identity `namespace`/`service_account` (what
+    /// a pod's projected token is in a cluster) and returns it. istiod re-reads the file.
+    pub fn add_workload_token(&self, namespace: &str, service_account: &str) -> String {
+        let token = format!("e2e-workload-{namespace}-{service_account}");
+        let path = self.dir.path().join("tokens.yaml");
+        let mut tokens = std::fs::read_to_string(&path).expect("tokens file");
+        if !tokens.contains(&token) {
+            tokens.push_str(&format!(
+                "- token: {token}\n  identity: spiffe://cluster.local/ns/{namespace}/sa/{service_account}\n"
+            ));
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, tokens).expect("tokens file");
+            std::fs::rename(&tmp, &path).expect("tokens file");
+        }
+        token
+    }
+
+    /// istiod's IP.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
     /// istiod's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()

@@ -15,6 +15,7 @@ pub mod istiod;
 pub mod load;
 pub mod probe;
 pub mod procfs;
+pub mod waypoint;
 pub mod ztunnel;
 
 pub use istiod::Istiod;

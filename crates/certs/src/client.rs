@@ -78,29 +78,7 @@ pub struct GrpcCaClient {
 impl GrpcCaClient {
     /// Prepares a lazily-connecting channel; reads the root certificate now for https.
     pub fn new(config: CaClientConfig) -> Result<GrpcCaClient, CertError> {
-        let bad = |detail: String| CertError::BadAddress {
-            address: config.address.clone(),
-            detail,
-        };
-        let uri: Uri = config.address.parse().map_err(|e| bad(format!("{e}")))?;
-        let authority = uri
-            .authority()
-            .ok_or_else(|| bad("no host:port".to_string()))?
-            .clone();
-        let channel = match uri.scheme_str() {
-            Some("http") => {
-                endpoint(&format!("http://{authority}"), &config.address)?.connect_lazy()
-            }
-            Some("https") => {
-                let connector = TlsConnect::new(&config, authority.host())?;
-                // tonic would insist on its own TLS for an https endpoint: dial "http" with our
-                // rustls connector and keep `https` as the request origin.
-                endpoint(&format!("http://{authority}"), &config.address)?
-                    .origin(uri.clone())
-                    .connect_with_connector_lazy(connector)
-            }
-            other => return Err(bad(format!("unsupported scheme {other:?}"))),
-        };
+        let channel = grpc_channel(&config.address, &config.root_cert_path)?;
         Ok(GrpcCaClient { config, channel })
     }
 
@@ -164,6 +142,33 @@ impl CaClient for GrpcCaClient {
     }
 }
 
+/// A lazily connecting gRPC channel to istiod: `http://host:port` (h2c, tests) or
+/// `https://host:port`, whose serving certificate is verified by host name against the PEM
+/// roots at `root_cert_path` (read now).
+pub fn grpc_channel(address: &str, root_cert_path: &std::path::Path) -> Result<Channel, CertError> {
+    let bad = |detail: String| CertError::BadAddress {
+        address: address.to_string(),
+        detail,
+    };
+    let uri: Uri = address.parse().map_err(|e| bad(format!("{e}")))?;
+    let authority = uri
+        .authority()
+        .ok_or_else(|| bad("no host:port".to_string()))?
+        .clone();
+    match uri.scheme_str() {
+        Some("http") => Ok(endpoint(&format!("http://{authority}"), address)?.connect_lazy()),
+        Some("https") => {
+            let connector = TlsConnect::new(address, root_cert_path, authority.host())?;
+            // tonic would insist on its own TLS for an https endpoint: dial "http" with our
+            // rustls connector and keep `https` as the request origin.
+            Ok(endpoint(&format!("http://{authority}"), address)?
+                .origin(uri.clone())
+                .connect_with_connector_lazy(connector))
+        }
+        other => Err(bad(format!("unsupported scheme {other:?}"))),
+    }
+}
+
 fn endpoint(uri: &str, address: &str) -> Result<Endpoint, CertError> {
     let endpoint = Endpoint::from_shared(uri.to_string()).map_err(|e| CertError::BadAddress {
         address: address.to_string(),
@@ -189,13 +194,16 @@ struct TlsConnect {
 }
 
 impl TlsConnect {
-    fn new(config: &CaClientConfig, host: &str) -> Result<TlsConnect, CertError> {
-        let path = config.root_cert_path.display().to_string();
-        let pem =
-            std::fs::read_to_string(&config.root_cert_path).map_err(|e| CertError::RootCert {
-                path: path.clone(),
-                detail: e.to_string(),
-            })?;
+    fn new(
+        address: &str,
+        root_cert_path: &std::path::Path,
+        host: &str,
+    ) -> Result<TlsConnect, CertError> {
+        let path = root_cert_path.display().to_string();
+        let pem = std::fs::read_to_string(root_cert_path).map_err(|e| CertError::RootCert {
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
         let roots = parse_certs(&pem, "CA root certificate").map_err(|e| CertError::RootCert {
             path,
             detail: e.to_string(),
@@ -204,7 +212,7 @@ impl TlsConnect {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let server_name =
             ServerName::try_from(host.to_string()).map_err(|e| CertError::BadAddress {
-                address: config.address.clone(),
+                address: address.to_string(),
                 detail: e.to_string(),
             })?;
         Ok(TlsConnect {

@@ -19,8 +19,8 @@ mod der;
 mod manager;
 
 pub use client::{
-    CaClientConfig, GrpcCaClient, DEFAULT_CLUSTER_ID, DEFAULT_ROOT_CERT_PATH, DEFAULT_SECRET_TTL,
-    DEFAULT_TOKEN_PATH, IMPERSONATED_IDENTITY,
+    grpc_channel, CaClientConfig, GrpcCaClient, DEFAULT_CLUSTER_ID, DEFAULT_ROOT_CERT_PATH,
+    DEFAULT_SECRET_TTL, DEFAULT_TOKEN_PATH, IMPERSONATED_IDENTITY,
 };
 pub use der::{cert_info, rfc3339, CertInfo};
 pub use manager::{

@@ -6,6 +6,7 @@ mod cluster_dir;
 mod fake_ads;
 mod fake_ca;
 mod fake_zds;
+mod http_app;
 mod memory_snapshot;
 pub mod netns;
 mod objects;
@@ -17,6 +18,7 @@ pub use fake_ca::{FakeCa, FakeCaError, RecordedRequest, IMPERSONATED_IDENTITY};
 pub use fake_zds::{
     workload_info, AckResult, FakeZds, FakeZdsError, SnapshotItem, ACK_DEADLINE, CONNECT_WAIT,
 };
+pub use http_app::{http_request, HttpApp, HttpResponse};
 pub use memory_snapshot::MemorySnapshot;
 pub use netns::{Netns, NetnsError, TestNet};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};

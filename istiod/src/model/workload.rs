@@ -386,13 +386,17 @@ pub(crate) fn network_of(
 }
 
 /// `istio.io/use-waypoint` on the object, else on its namespace (`none` opts out); the
-/// waypoint's namespace comes from `istio.io/use-waypoint-namespace` beside it.
+/// waypoint's namespace comes from `istio.io/use-waypoint-namespace` beside it. A waypoint's
+/// own pods and Service (labelled `gateway.networking.k8s.io/gateway-name`) never use one.
 pub(crate) fn waypoint_from_labels(
     labels: &BTreeMap<String, String>,
     obj_ns: &str,
     ns_labels: &BTreeMap<String, String>,
     suffix: &str,
 ) -> Option<GatewayAddress> {
+    if labels.contains_key(mesh_api::GATEWAY_NAME_LABEL) {
+        return None;
+    }
     let source = if labels.contains_key(label::USE_WAYPOINT) {
         labels
     } else {

@@ -1,0 +1,219 @@
+//! A waypoint as the kubelet would run it: `pilot-agent proxy waypoint` (which runs Envoy) in
+//! the waypoint pod's network namespace, with the files its Deployment mounts (token, root
+//! certificate, pod labels) under a directory of its own.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mesh_testutil::netns::ChildGuard;
+use mesh_testutil::{http_request, Netns};
+
+use crate::bins::binary;
+use crate::cluster::MeshPod;
+use crate::istiod::{Istiod, SECURE_GRPC_PORT};
+
+pub const ADMIN_PORT: u16 = 15000;
+pub const STATUS_PORT: u16 = 15020;
+pub const READINESS_PORT: u16 = 15021;
+
+/// The Envoy binary the tests run (installed by scripts/install-deps.sh).
+pub fn envoy_path() -> PathBuf {
+    let path = std::env::var_os("ENVOY_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/mesh-deps/envoy-1.40.0/envoy/_bin/envoy"));
+    assert!(
+        path.is_file(),
+        "Envoy is not at {}: run scripts/install-deps.sh (or set ENVOY_PATH)",
+        path.display()
+    );
+    path
+}
+
+pub struct Waypoint {
+    netns: Netns,
+    ip: Ipv4Addr,
+    dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
+    args: Vec<String>,
+    child: Option<ChildGuard>,
+}
+
+impl std::fmt::Debug for Waypoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waypoint").field("ip", &self.ip).finish()
+    }
+}
+
+impl Waypoint {
+    /// Starts the agent for `pod` (a pod of the waypoint's Deployment, labelled with its
+    /// Gateway's name) against `istiod`.
+    pub fn start(pod: &MeshPod, istiod: &Istiod, extra: &[(&str, &str)]) -> Waypoint {
+        let spec = &pod.spec;
+        let dir = tempfile::tempdir().expect("waypoint directory");
+        let put = |rel: &str, content: &str| {
+            let path = dir.path().join(rel);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(path, content).expect("write");
+        };
+        let token = istiod.add_workload_token(&spec.namespace, &spec.service_account);
+        put("var/run/secrets/tokens/istio-token", &token);
+        let root = std::fs::read_to_string(istiod.root_cert()).expect("istiod root cert");
+        put("var/run/secrets/istio/root-cert.pem", &root);
+        let labels: String = spec
+            .labels
+            .iter()
+            .map(|(k, v)| format!("{k}=\"{v}\"\n"))
+            .collect();
+        put("etc/istio/pod/labels", &labels);
+        let mut env: Vec<(String, String)> = [
+            ("POD_NAME", spec.name.clone()),
+            ("POD_NAMESPACE", spec.namespace.clone()),
+            ("INSTANCE_IP", pod.ip.to_string()),
+            ("SERVICE_ACCOUNT", spec.service_account.clone()),
+            ("ISTIO_META_CLUSTER_ID", "Kubernetes".to_string()),
+            (
+                "PROXY_CONFIG",
+                format!(
+                    "{{\"discoveryAddress\":\"{}:{SECURE_GRPC_PORT}\",\"drainDuration\":\"2s\"}}",
+                    istiod.ip()
+                ),
+            ),
+            ("ENVOY_PATH", envoy_path().display().to_string()),
+            ("TERMINATION_DRAIN_DURATION", "2s".to_string()),
+            ("LOG_FORMAT", "plain".to_string()),
+            ("RUST_LOG", "info".to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        for (k, v) in extra {
+            env.retain(|(key, _)| key != k);
+            env.push((k.to_string(), v.to_string()));
+        }
+        let args = vec![
+            "proxy".to_string(),
+            "waypoint".to_string(),
+            "--domain".to_string(),
+            format!("{}.svc.cluster.local", spec.namespace),
+            "--serviceCluster".to_string(),
+            format!("{}.{}", spec.service_account, spec.namespace),
+        ];
+        let mut wp = Waypoint {
+            netns: pod.netns.clone(),
+            ip: pod.ip,
+            dir,
+            env,
+            args,
+            child: None,
+        };
+        wp.spawn();
+        wp
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("pilot-agent.log")
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("waypoint log");
+        let mut cmd = Command::new(binary("pilot-agent"));
+        cmd.args(&self.args)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        self.child = Some(self.netns.spawn(&mut cmd).expect("start pilot-agent"));
+    }
+
+    /// The agent's and Envoy's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// `GET path` on the readiness port (served by Envoy, answered by the agent).
+    pub fn readiness(&self) -> Option<(u16, String)> {
+        http_request(
+            &self.netns,
+            SocketAddr::from((self.ip, READINESS_PORT)),
+            "GET",
+            "/healthz/ready",
+            &[],
+            Duration::from_secs(5),
+        )
+        .map(|r| (r.status, r.body))
+    }
+
+    /// Waits until `/healthz/ready` on 15021 answers 200.
+    pub fn wait_ready(&self, limit: Duration) {
+        let start = Instant::now();
+        let mut last = None;
+        while start.elapsed() < limit {
+            last = self.readiness();
+            if last.as_ref().is_some_and(|(s, _)| *s == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "waypoint not ready after {limit:?} (last answer {last:?}); log:\n{}",
+            self.log()
+        );
+    }
+
+    /// `GET path` on Envoy's admin port (localhost in the pod).
+    pub fn admin(&self, path: &str) -> String {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, ADMIN_PORT));
+        let r = http_request(&self.netns, addr, "GET", path, &[], Duration::from_secs(5))
+            .expect("Envoy admin answers");
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        r.body
+    }
+
+    /// One Envoy counter or gauge from `/stats` (0 when absent).
+    pub fn stat(&self, name: &str) -> u64 {
+        self.admin(&format!("/stats?filter=^{}$", name.replace('.', "\\.")))
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The merged metrics on the status port.
+    pub fn metrics(&self) -> String {
+        http_request(
+            &self.netns,
+            SocketAddr::from((self.ip, STATUS_PORT)),
+            "GET",
+            "/stats/prometheus",
+            &[],
+            Duration::from_secs(5),
+        )
+        .map(|r| r.body)
+        .unwrap_or_default()
+    }
+
+    /// SIGTERM; waits up to `limit` for the agent to drain and exit.
+    pub fn stop(&mut self, limit: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}

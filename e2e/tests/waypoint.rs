@@ -1,0 +1,217 @@
+//! Waypoints on the local mesh: a client pod -> its ztunnel -> the waypoint (pilot-agent and
+//! the real Envoy 1.40, configured by istiod) -> the server's ztunnel -> the server, with
+//! HTTPRoutes applied by the waypoint.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec, Redirection};
+use mesh_e2e::waypoint::Waypoint;
+use mesh_testutil::netns::have_root;
+use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, Netns};
+
+const APP_PORT: u16 = 8080;
+const SERVER_VIP: &str = "10.96.0.10";
+const WAYPOINT_SA: &str = "spiffe://cluster.local/ns/demo/sa/waypoint";
+
+fn service(name: &str, vip: &str, selector: &str, labels: &str, ports: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: demo\n  labels: {{{labels}}}\nspec:\n  clusterIP: {vip}\n  selector: {{{selector}}}\n  ports:\n{ports}"
+    )
+}
+
+const HTTP_PORT: &str = "  - name: http\n    port: 80\n    targetPort: http\n";
+
+fn setup(dir: &ClusterDir) {
+    dir.write(
+        "ns.yaml",
+        &namespace_yaml(
+            "demo",
+            &[
+                ("istio.io/dataplane-mode", "ambient"),
+                ("istio.io/use-waypoint", "waypoint"),
+            ],
+        ),
+    );
+    dir.write(
+        "gateway.yaml",
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: waypoint\n  namespace: demo\nspec:\n  gatewayClassName: istio-waypoint\n  listeners:\n  - name: mesh\n    port: 15008\n    protocol: HBONE\n",
+    );
+    dir.write(
+        "svc-waypoint.yaml",
+        &service(
+            "waypoint",
+            "10.96.0.20",
+            "gateway.networking.k8s.io/gateway-name: waypoint",
+            "gateway.networking.k8s.io/gateway-name: waypoint",
+            "  - name: mesh\n    port: 15008\n  - name: status-port\n    port: 15021\n",
+        ),
+    );
+    dir.write(
+        "svc-server.yaml",
+        &format!(
+            "{}---\n{}---\n{}",
+            service("server", SERVER_VIP, "app: server", "", HTTP_PORT),
+            service("server-v1", "10.96.0.11", "version: v1", "", HTTP_PORT),
+            service("server-v2", "10.96.0.12", "version: v2", "", HTTP_PORT),
+        ),
+    );
+}
+
+struct App {
+    client: MeshPod,
+    v1: HttpApp,
+    v2: HttpApp,
+    waypoint: Waypoint,
+    _pods: Vec<MeshPod>,
+}
+
+fn deploy(c: &mut MeshCluster) -> App {
+    let mut add = |spec: PodSpec| {
+        let name = spec.name.clone();
+        c.add_pod(spec)
+            .unwrap_or_else(|e| panic!("pod {name}: {e}"))
+    };
+    let server = |name: &str, version: &str| {
+        PodSpec::new("demo", name, "node2", "server")
+            .label("app", "server")
+            .label("version", version)
+    };
+    let v1_pod = add(server("server-v1", "v1"));
+    let v2_pod = add(server("server-v2", "v2"));
+    let client = add(PodSpec::new("demo", "client", "node1", "client"));
+    let wp_pod = add(PodSpec::new("demo", "waypoint-0", "node1", "waypoint")
+        .label("app", "waypoint")
+        .label("gateway.networking.k8s.io/gateway-name", "waypoint")
+        .label("istio.io/dataplane-mode", "none"));
+    let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT));
+    let v1 = HttpApp::start(&v1_pod.netns, any, "v1").expect("v1 app");
+    let v2 = HttpApp::start(&v2_pod.netns, any, "v2").expect("v2 app");
+    let waypoint = Waypoint::start(&wp_pod, &c.istiod, &[]);
+    App {
+        client,
+        v1,
+        v2,
+        waypoint,
+        _pods: vec![v1_pod, v2_pod, wp_pod],
+    }
+}
+
+fn get(netns: &Netns, path: &str, headers: &[(&str, &str)]) -> Option<HttpResponse> {
+    let vip: Ipv4Addr = SERVER_VIP.parse().expect("vip");
+    http_request(
+        netns,
+        SocketAddr::from((vip, 80)),
+        "GET",
+        path,
+        headers,
+        Duration::from_secs(5),
+    )
+}
+
+/// Polls `f` for up to 20 s.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    f()
+}
+
+/// Counts bodies over `n` requests.
+fn tally(netns: &Netns, n: usize, headers: &[(&str, &str)]) -> (usize, usize, usize) {
+    let (mut v1, mut v2, mut other) = (0, 0, 0);
+    for _ in 0..n {
+        match get(netns, "/", headers) {
+            Some(r) if r.status == 200 && r.body == "v1" => v1 += 1,
+            Some(r) if r.status == 200 && r.body == "v2" => v2 += 1,
+            _ => other += 1,
+        }
+    }
+    (v1, v2, other)
+}
+
+/// Inbound connections the server-side ztunnel reported from `principal`.
+fn seen_from(c: &MeshCluster, principal: &str) -> bool {
+    c.node("node2")
+        .ztunnel
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
+        .any(|l| {
+            l.contains("reporter=\"destination\"")
+                && l.contains(&format!("source_principal=\"{principal}\""))
+        })
+}
+
+const SPLIT: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: split\n  namespace: demo\nspec:\n  parentRefs:\n  - group: \"\"\n    kind: Service\n    name: server\n    port: 80\n  rules:\n  - matches:\n    - headers:\n      - name: x-canary\n        value: \"true\"\n    backendRefs:\n    - name: server-v2\n      port: 80\n  - backendRefs:\n    - name: server-v1\n      port: 80\n      weight: 90\n    - name: server-v2\n      port: 80\n      weight: 10\n";
+
+#[test]
+fn waypoint_routes_http_between_ztunnels() {
+    if !have_root("waypoint_routes_http_between_ztunnels") {
+        return;
+    }
+    let mut c = MeshCluster::start("wpt", &["node1", "node2"], Redirection::Nftables, setup);
+    let app = deploy(&mut c);
+    app.waypoint.wait_ready(Duration::from_secs(30));
+
+    // Every resource pushed to the waypoint was accepted.
+    for stat in [
+        "cluster_manager.cds.update_rejected",
+        "listener_manager.lds.update_rejected",
+    ] {
+        assert_eq!(app.waypoint.stat(stat), 0, "{stat}\n{}", app.waypoint.log());
+    }
+    let dump = app.waypoint.admin("/config_dump");
+    for name in [
+        "\"connect_terminate\"",
+        "\"main_internal\"",
+        "\"connect_originate\"",
+        "inbound-vip|80|http|server.demo.svc.cluster.local",
+    ] {
+        assert!(dump.contains(name), "config_dump lacks {name}");
+    }
+
+    // Through the waypoint: the server side sees the waypoint's identity.
+    let ok = eventually(|| get(&app.client.netns, "/", &[]).is_some_and(|r| r.status == 200));
+    assert!(
+        ok,
+        "client -> waypoint -> server\n{}\n{}",
+        app.waypoint.log(),
+        c.logs()
+    );
+    assert!(
+        seen_from(&c, WAYPOINT_SA),
+        "server ztunnel saw the waypoint\n{}",
+        c.logs()
+    );
+    let before = app.v1.hits() + app.v2.hits();
+    let (v1, v2, failed) = tally(&app.client.netns, 20, &[]);
+    assert_eq!(failed, 0);
+    assert!(
+        v1 > 0 && v2 > 0,
+        "both versions serve without a route: {v1}/{v2}"
+    );
+    assert_eq!(app.v1.hits() + app.v2.hits(), before + 20);
+
+    // An HTTPRoute: 90/10 split, and the header match pins v2.
+    c.objects().write("route.yaml", SPLIT);
+    let applied = eventually(|| {
+        (0..5).all(|_| {
+            get(&app.client.netns, "/", &[("x-canary", "true")]).is_some_and(|r| r.body == "v2")
+        })
+    });
+    assert!(applied, "route served\n{}", app.waypoint.log());
+    let (_, canary_v2, canary_failed) = tally(&app.client.netns, 50, &[("x-canary", "true")]);
+    assert_eq!((canary_v2, canary_failed), (50, 0), "header match");
+    let (v1, v2, failed) = tally(&app.client.netns, 200, &[]);
+    assert_eq!(failed, 0);
+    assert!(
+        (6..=34).contains(&v2),
+        "90/10 split over 200: v1 {v1}, v2 {v2}"
+    );
+    assert_eq!(app.waypoint.stat("listener_manager.lds.update_rejected"), 0);
+}

@@ -1,0 +1,17 @@
+//! pilot-agent: runs Envoy for waypoints (and later sidecars) the way Istio's agent does.
+//!
+//! - `config`: the command line and Istio's environment variables;
+//! - `bootstrap`: Envoy's bootstrap (node, admin, ADS and SDS over the agent's sockets);
+//! - `sds`: the proxy certificate and mesh roots for Envoy, rotated at half life;
+//! - `xds_proxy`: Envoy's ADS relayed to istiod over TLS with the pod's token;
+//! - `envoy`: starting, restarting and draining Envoy;
+//! - `status`: readiness, merged Prometheus metrics, `/quitquitquit` on 15020.
+
+pub mod admin;
+pub mod app;
+pub mod bootstrap;
+pub mod config;
+pub mod envoy;
+pub mod sds;
+pub mod status;
+pub mod xds_proxy;

@@ -1,0 +1,96 @@
+//! pilot-agent binary: `pilot-agent proxy <waypoint|sidecar|router> [flags]`, as Istio's.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use pilot_agent::config::{Config, ProxyArgs, ProxyType};
+
+#[derive(Parser)]
+#[command(
+    name = "pilot-agent",
+    about = "Runs Envoy for a mesh proxy (waypoint or sidecar)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the proxy: writes Envoy's bootstrap, serves SDS and xDS to it, supervises it.
+    Proxy {
+        #[arg(value_enum)]
+        kind: ProxyType,
+        /// DNS domain suffix, e.g. `shop.svc.cluster.local`.
+        #[arg(long)]
+        domain: Option<String>,
+        /// Service cluster, e.g. `waypoint.shop`.
+        #[arg(long = "serviceCluster")]
+        service_cluster: Option<String>,
+        /// Envoy's log level.
+        #[arg(long = "proxyLogLevel")]
+        proxy_log_level: Option<String>,
+        /// Envoy worker threads.
+        #[arg(long)]
+        concurrency: Option<u32>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = mesh_runtime::telemetry::init() {
+        eprintln!("pilot-agent: {e}");
+        return ExitCode::from(2);
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let Command::Proxy {
+        kind,
+        domain,
+        service_cluster,
+        proxy_log_level,
+        concurrency,
+    } = cli.command;
+    let args = ProxyArgs {
+        domain,
+        service_cluster,
+        proxy_log_level,
+        concurrency,
+    };
+    let root = std::env::current_dir().unwrap_or_else(|_| "/".into());
+    let vars: Vec<(String, String)> = std::env::vars().collect();
+    let config = match Config::from_vars(
+        kind,
+        &args,
+        vars.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        root,
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(reason = e.reason(), "{e}");
+            eprintln!("pilot-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match serde_json::to_string(&config) {
+        Ok(json) => tracing::info!(config = %json, "starting pilot-agent"),
+        Err(e) => tracing::warn!(error = %e, "cannot render the configuration"),
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("pilot-agent: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(pilot_agent::app::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(reason = e.reason(), "pilot-agent failed: {e}");
+            eprintln!("pilot-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The agent's status port (15020): `/healthz/ready` (Envoy live and its first CDS and LDS
+//! accepted), `/stats/prometheus` (the agent's metrics merged with Envoy's), `/quitquitquit`
+//! (shut down) and `/drain` (start draining Envoy's listeners).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use mesh_runtime::metrics::Metrics;
+use mesh_runtime::signal::ShutdownTrigger;
+use tokio::sync::watch;
+
+use crate::admin::EnvoyAdmin;
+use crate::xds_proxy::XdsStatus;
+
+#[derive(Clone)]
+pub struct StatusState {
+    pub admin: EnvoyAdmin,
+    pub xds: watch::Receiver<XdsStatus>,
+    pub certs: crate::sds::CertWatch,
+    pub metrics: Metrics,
+    pub shutdown: Arc<ShutdownTrigger>,
+}
+
+pub fn router(state: StatusState) -> Router {
+    Router::new()
+        .route("/healthz/ready", get(ready))
+        .route("/stats/prometheus", get(stats))
+        .route("/metrics", get(stats))
+        .route("/quitquitquit", post(quit))
+        .route("/drain", post(drain))
+        .with_state(state)
+}
+
+/// Why the proxy is not ready, or `None` when it is.
+pub async fn not_ready(state: &StatusState) -> Option<String> {
+    if state.certs.borrow().is_none() {
+        return Some("no workload certificate from the CA yet".into());
+    }
+    let xds = state.xds.borrow().clone();
+    if !xds.configured() {
+        let mut why = format!(
+            "waiting for the first configuration from istiod (CDS accepted: {}, LDS accepted: {})",
+            xds.cds_acked, xds.lds_acked
+        );
+        if let Some(nack) = xds.last_nack {
+            why.push_str(&format!("; last rejection: {nack}"));
+        }
+        return Some(why);
+    }
+    match state.admin.get("/ready").await {
+        Ok((200, _)) => None,
+        Ok((code, body)) => Some(format!("Envoy is not live ({code}: {})", body.trim())),
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+async fn ready(State(state): State<StatusState>) -> Response {
+    match not_ready(&state).await {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn stats(State(state): State<StatusState>) -> Response {
+    let mut body = state.metrics.render();
+    match state.admin.get("/stats/prometheus").await {
+        Ok((200, envoy)) => {
+            if !body.is_empty() && !body.ends_with('\n') {
+                body.push('\n');
+            }
+            // Our registry ends with `# EOF` (OpenMetrics); the merged text is plain Prometheus.
+            body = body.replace("# EOF\n", "");
+            body.push_str(&envoy);
+        }
+        Ok((code, _)) => tracing::debug!(code, "Envoy stats unavailable"),
+        Err(e) => tracing::debug!(error = %e, "Envoy stats unavailable"),
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn quit(State(state): State<StatusState>) -> Response {
+    tracing::info!("/quitquitquit: shutting down");
+    state.shutdown.trigger();
+    (StatusCode::OK, "shutting down\n").into_response()
+}
+
+async fn drain(State(state): State<StatusState>) -> Response {
+    match state.admin.post("/drain_listeners?graceful").await {
+        Ok((code, _)) => (
+            StatusCode::from_u16(code).unwrap_or(StatusCode::OK),
+            "draining\n",
+        )
+            .into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
+}
