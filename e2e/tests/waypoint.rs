@@ -60,6 +60,7 @@ fn setup(dir: &ClusterDir) {
 
 struct App {
     client: MeshPod,
+    other: MeshPod,
     v1: HttpApp,
     v2: HttpApp,
     waypoint: Waypoint,
@@ -80,6 +81,7 @@ fn deploy(c: &mut MeshCluster) -> App {
     let v1_pod = add(server("server-v1", "v1"));
     let v2_pod = add(server("server-v2", "v2"));
     let client = add(PodSpec::new("demo", "client", "node1", "client"));
+    let other = add(PodSpec::new("demo", "other", "node1", "other"));
     let wp_pod = add(PodSpec::new("demo", "waypoint-0", "node1", "waypoint")
         .label("app", "waypoint")
         .label("gateway.networking.k8s.io/gateway-name", "waypoint")
@@ -90,6 +92,7 @@ fn deploy(c: &mut MeshCluster) -> App {
     let waypoint = Waypoint::start(&wp_pod, &c.istiod, &[]);
     App {
         client,
+        other,
         v1,
         v2,
         waypoint,
@@ -98,15 +101,40 @@ fn deploy(c: &mut MeshCluster) -> App {
 }
 
 fn get(netns: &Netns, path: &str, headers: &[(&str, &str)]) -> Option<HttpResponse> {
+    request(netns, "GET", path, headers)
+}
+
+fn request(
+    netns: &Netns,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<HttpResponse> {
     let vip: Ipv4Addr = SERVER_VIP.parse().expect("vip");
     http_request(
         netns,
         SocketAddr::from((vip, 80)),
-        "GET",
+        method,
         path,
         headers,
         Duration::from_secs(5),
     )
+}
+
+fn status(r: Option<HttpResponse>) -> u16 {
+    r.map_or(0, |r| r.status)
+}
+
+/// The sum of Envoy's `rbac.denied` counters.
+fn rbac_denied(wp: &Waypoint) -> u64 {
+    wp.admin("/stats?filter=rbac\\.denied")
+        .lines()
+        .filter(|l| l.contains(".rbac.denied:") && !l.contains("shadow"))
+        .filter_map(|l| {
+            l.rsplit_once(": ")
+                .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+        })
+        .sum()
 }
 
 /// Polls `f` for up to 20 s.
@@ -147,7 +175,7 @@ fn seen_from(c: &MeshCluster, principal: &str) -> bool {
         })
 }
 
-const SPLIT: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: split\n  namespace: demo\nspec:\n  parentRefs:\n  - group: \"\"\n    kind: Service\n    name: server\n    port: 80\n  rules:\n  - matches:\n    - headers:\n      - name: x-canary\n        value: \"true\"\n    backendRefs:\n    - name: server-v2\n      port: 80\n  - backendRefs:\n    - name: server-v1\n      port: 80\n      weight: 90\n    - name: server-v2\n      port: 80\n      weight: 10\n";
+const SPLIT: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: split\n  namespace: demo\nspec:\n  parentRefs:\n  - group: \"\"\n    kind: Service\n    name: server\n    port: 80\n  rules:\n  - matches:\n    - path:\n        type: PathPrefix\n        value: /status\n    retry:\n      attempts: 2\n      codes: [503]\n    backendRefs:\n    - name: server-v1\n      port: 80\n  - matches:\n    - path:\n        type: PathPrefix\n        value: /delay\n    timeouts:\n      request: 1s\n    backendRefs:\n    - name: server-v1\n      port: 80\n  - matches:\n    - headers:\n      - name: x-canary\n        value: \"true\"\n    backendRefs:\n    - name: server-v2\n      port: 80\n  - backendRefs:\n    - name: server-v1\n      port: 80\n      weight: 90\n    - name: server-v2\n      port: 80\n      weight: 10\n";
 
 #[test]
 fn waypoint_routes_http_between_ztunnels() {
@@ -214,4 +242,80 @@ fn waypoint_routes_http_between_ztunnels() {
         "90/10 split over 200: v1 {v1}, v2 {v2}"
     );
     assert_eq!(app.waypoint.stat("listener_manager.lds.update_rejected"), 0);
+}
+
+const DENY_ADMIN: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-admin\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: server\n  action: DENY\n  rules:\n  - to:\n    - operation:\n        methods: [GET]\n        paths: [\"/admin*\"]\n";
+
+const ALLOW_CLIENT: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: allow-client\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Gateway\n    group: gateway.networking.k8s.io\n    name: waypoint\n  action: ALLOW\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/demo/sa/client\"]\n";
+
+#[test]
+fn waypoint_enforces_routes_policies_retries_and_timeouts() {
+    if !have_root("waypoint_enforces_routes_policies_retries_and_timeouts") {
+        return;
+    }
+    let mut c = MeshCluster::start("wpp", &["node1", "node2"], Redirection::Nftables, |d| {
+        setup(d);
+        d.write("route.yaml", SPLIT);
+    });
+    let app = deploy(&mut c);
+    app.waypoint.wait_ready(Duration::from_secs(30));
+    let client = &app.client.netns;
+    assert!(
+        eventually(|| status(get(client, "/", &[])) == 200),
+        "path\n{}",
+        app.waypoint.log()
+    );
+
+    // Retries: attempts 2 on 503 -> the server sees 3 requests for one.
+    let before = app.v1.hits();
+    assert_eq!(status(get(client, "/status/503", &[])), 503);
+    assert_eq!(app.v1.hits() - before, 3, "1 try + 2 retries");
+
+    // Timeout: 1 s against a 3 s backend -> 504 after about a second.
+    let slow = get(client, "/delay/3000", &[]).expect("answer");
+    assert_eq!(slow.status, 504);
+    assert!(
+        (Duration::from_millis(950)..Duration::from_millis(1600)).contains(&slow.elapsed),
+        "504 after {:?}",
+        slow.elapsed
+    );
+
+    // DENY GET /admin* on the Service: 403 for that request only.
+    c.objects().write("deny.yaml", DENY_ADMIN);
+    assert!(
+        eventually(|| status(get(client, "/admin/x", &[])) == 403),
+        "DENY applied\n{}",
+        app.waypoint.log()
+    );
+    let denied = rbac_denied(&app.waypoint);
+    let r = get(client, "/admin/users", &[]).expect("answer");
+    assert_eq!((r.status, r.body.as_str()), (403, "RBAC: access denied"));
+    assert_eq!(
+        rbac_denied(&app.waypoint),
+        denied + 1,
+        "exactly one more denial"
+    );
+    assert_eq!(status(request(client, "POST", "/admin/users", &[])), 200);
+    assert_eq!(status(get(client, "/other", &[])), 200);
+
+    // ALLOW by principal on the Gateway: the client's identity passes, another is refused.
+    c.objects().write("allow.yaml", ALLOW_CLIENT);
+    assert!(
+        eventually(|| status(get(&app.other.netns, "/", &[])) == 403),
+        "ALLOW applied\n{}",
+        app.waypoint.log()
+    );
+    for _ in 0..10 {
+        assert_eq!(status(get(client, "/", &[])), 200);
+    }
+    assert_eq!(app.waypoint.stat("listener_manager.lds.update_rejected"), 0);
+
+    // Removing both policies opens the path again.
+    c.objects().remove("deny.yaml");
+    c.objects().remove("allow.yaml");
+    assert!(eventually(|| status(get(
+        &app.other.netns,
+        "/admin/x",
+        &[]
+    )) == 200));
 }

@@ -22,6 +22,7 @@ mod any;
 mod clusters;
 mod inputs;
 mod listeners;
+mod rbac;
 mod routes;
 mod tls;
 
@@ -34,6 +35,7 @@ use mesh_xds::{Resource, ResourceMap};
 pub use inputs::{
     BoundService, Endpoint, Protocol, ServicePort, WaypointInputs, WaypointKey, WaypointPolicy,
 };
+pub use rbac::PolicyError;
 pub use routes::RouteError;
 
 /// The HBONE port a waypoint listens on and dials pods at.

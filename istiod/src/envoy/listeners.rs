@@ -221,7 +221,7 @@ fn main_internal(inputs: &WaypointInputs, routes: &[ServiceRoutes]) -> Listener 
             let cluster = names::vip_cluster(port.port, port.protocol.family(), &svc.hostname);
             let filter = match (port.protocol, svc_routes.by_port.get(&port.port)) {
                 (Protocol::Tcp, _) | (_, None) => tcp_chain_filter(&cluster),
-                (_, Some(rc)) => http_chain_filter(&cluster, rc.clone()),
+                (_, Some(rc)) => http_chain_filter(&cluster, rc.clone(), &svc_routes.rbac),
             };
             chains.push(FilterChain {
                 name: cluster.clone(),
@@ -333,12 +333,24 @@ fn tcp_chain_filter(cluster: &str) -> Filter {
     network_filter("envoy.filters.network.tcp_proxy", pack(&proxy))
 }
 
-fn http_chain_filter(cluster: &str, route_config: RouteConfiguration) -> Filter {
+fn http_chain_filter(
+    cluster: &str,
+    route_config: RouteConfiguration,
+    rbac: &[(
+        String,
+        mesh_proto::envoy::pb::envoy::extensions::filters::http::rbac::v3::Rbac,
+    )],
+) -> Filter {
+    let mut http_filters: Vec<HttpFilter> = rbac
+        .iter()
+        .map(|(name, config)| http_filter(name, pack(config)))
+        .collect();
+    http_filters.push(router());
     let hcm = HttpConnectionManager {
         stat_prefix: cluster.to_string(),
         codec_type: CodecType::Auto as i32,
         route_specifier: Some(RouteSpecifier::RouteConfig(route_config)),
-        http_filters: vec![router()],
+        http_filters,
         normalize_path: Some(super::any::bool_value(true)),
         ..HttpConnectionManager::default()
     };

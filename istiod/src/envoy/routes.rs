@@ -63,6 +63,9 @@ pub enum RouteError {
         field: String,
         kind: String,
     },
+    /// A part of an AuthorizationPolicy attached to the waypoint.
+    #[error(transparent)]
+    Policy(#[from] super::rbac::PolicyError),
 }
 
 impl RouteError {
@@ -73,6 +76,7 @@ impl RouteError {
             RouteError::InvalidDuration { .. } => "invalid_duration",
             RouteError::UnknownBackend { .. } => "unknown_backend",
             RouteError::UnsupportedFilter { .. } => "unsupported_filter",
+            RouteError::Policy(e) => e.reason(),
         }
     }
 }
@@ -82,6 +86,11 @@ impl RouteError {
 pub struct ServiceRoutes {
     /// Service port -> its inline route configuration (HTTP ports only).
     pub by_port: BTreeMap<u16, RouteConfiguration>,
+    /// The RBAC HTTP filters of the service's policies (name, config).
+    pub rbac: Vec<(
+        String,
+        mesh_proto::envoy::pb::envoy::extensions::filters::http::rbac::v3::Rbac,
+    )>,
 }
 
 impl ServiceRoutes {
@@ -91,6 +100,9 @@ impl ServiceRoutes {
         errors: &mut Vec<RouteError>,
     ) -> ServiceRoutes {
         let mut by_port = BTreeMap::new();
+        let mut policy_errors = Vec::new();
+        let rbac = super::rbac::filters(&svc.policies, &mut policy_errors);
+        errors.extend(policy_errors.into_iter().map(RouteError::Policy));
         for port in svc.ports.iter().filter(|p| p.protocol != Protocol::Tcp) {
             let cluster = names::vip_cluster(port.port, port.protocol.family(), &svc.hostname);
             let attached: Vec<&HttpRoute> = svc
@@ -126,7 +138,7 @@ impl ServiceRoutes {
                 },
             );
         }
-        ServiceRoutes { by_port }
+        ServiceRoutes { by_port, rbac }
     }
 }
 

@@ -69,6 +69,117 @@ spec:
     backendRefs: [{name: echo-v1, port: 80}]
 "#;
 
+const DENY_ADMIN: &str = r#"
+metadata: {name: deny-admin, namespace: shop}
+spec:
+  targetRefs: [{kind: Service, group: "", name: echo}]
+  action: DENY
+  rules:
+  - to: [{operation: {methods: [GET], paths: ["/admin*"]}}]
+"#;
+
+const ALLOW_CLIENT: &str = r#"
+metadata: {name: allow-client, namespace: shop}
+spec:
+  targetRefs: [{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/shop/sa/client"], namespaces: ["shop"]}}]
+    when: [{key: "request.headers[x-team]", values: ["blue"]}]
+  - from: [{source: {ipBlocks: ["10.1.0.0/16"], notPrincipals: ["*/sa/evil"]}}]
+    to: [{operation: {ports: ["80"], notPaths: ["*.secret"], hosts: ["echo.*"]}}]
+"#;
+
+fn policy(yaml: &str) -> WaypointPolicy {
+    let policy: mesh_api::AuthorizationPolicy = serde_yaml::from_str(yaml).expect("policy yaml");
+    WaypointPolicy {
+        key: format!("shop/{}", policy.metadata.name.clone().unwrap_or_default()),
+        policy: Arc::new(policy),
+    }
+}
+
+/// The HTTP filter names of one `main_internal` chain.
+fn http_filter_names(res: &ProxyResources, chain: &str) -> Vec<String> {
+    use mesh_proto::envoy::pb::envoy::config::listener::v3::filter::ConfigType;
+    use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    let listeners: Vec<Listener> = decode(res, type_url::LISTENER);
+    let main = listeners
+        .iter()
+        .find(|l| l.name == "main_internal")
+        .expect("main_internal");
+    let chain = main
+        .filter_chains
+        .iter()
+        .find(|c| c.name == chain)
+        .expect("chain");
+    let Some(ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+        panic!("no typed config");
+    };
+    let hcm = HttpConnectionManager::decode(any.value.as_slice()).expect("hcm");
+    hcm.http_filters.iter().map(|f| f.name.clone()).collect()
+}
+
+#[test]
+fn policies_become_deny_then_allow_rbac_filters() {
+    let res = generate_waypoint(&inputs(), 1);
+    assert!(res.errors.is_empty(), "{:?}", res.errors);
+    assert_eq!(
+        http_filter_names(&res, "inbound-vip|80|http|echo.shop.svc.cluster.local"),
+        [
+            "envoy.filters.http.rbac.deny",
+            "envoy.filters.http.rbac.allow",
+            "envoy.filters.http.router"
+        ]
+    );
+    // Services without policies get no RBAC filter.
+    assert_eq!(
+        http_filter_names(&res, "inbound-vip|80|http|echo-v1.shop.svc.cluster.local"),
+        ["envoy.filters.http.router"]
+    );
+}
+
+#[test]
+fn unsupported_policy_fields_fail_closed_and_are_reported() {
+    let mut inp = inputs();
+    inp.services[0].policies = vec![
+        policy(
+            r#"
+metadata: {name: jwt, namespace: shop}
+spec:
+  targetRefs: [{kind: Service, name: echo}]
+  rules:
+  - from: [{source: {requestPrincipals: ["*"]}}]
+  - when: [{key: "request.auth.claims[group]", values: [admin]}]
+  - from: [{source: {ipBlocks: ["not-an-ip"]}}]
+"#,
+        ),
+        policy(
+            r#"
+metadata: {name: ext, namespace: shop}
+spec:
+  targetRefs: [{kind: Service, name: echo}]
+  action: CUSTOM
+"#,
+        ),
+    ];
+    let res = generate_waypoint(&inp, 1);
+    let text: Vec<String> = res.errors.iter().map(ToString::to_string).collect();
+    assert_eq!(text.len(), 4, "{text:#?}");
+    assert!(
+        text[0].contains("shop/jwt")
+            && text[0].contains("rules[0].from[0].source.requestPrincipals"),
+        "{text:#?}"
+    );
+    assert!(text[1].contains("request.auth.claims[group]") && text[1].contains("never matches"));
+    assert!(text[2].contains("not-an-ip"));
+    assert!(text[3].contains("CUSTOM"));
+    // The ALLOW policy had no usable rule: the ALLOW filter is still there and denies all.
+    assert!(
+        http_filter_names(&res, "inbound-vip|80|http|echo.shop.svc.cluster.local")
+            .contains(&"envoy.filters.http.rbac.allow".to_string())
+    );
+}
+
 fn inputs() -> WaypointInputs {
     let mut echo = service(
         "echo",
@@ -76,6 +187,8 @@ fn inputs() -> WaypointInputs {
         vec![endpoint("10.1.0.5", "v1"), endpoint("10.1.0.6", "v2")],
     );
     echo.routes.push(route(SPLIT_ROUTE));
+    echo.policies.push(policy(DENY_ADMIN));
+    echo.policies.push(policy(ALLOW_CLIENT));
     WaypointInputs {
         key: WaypointKey {
             namespace: "shop".into(),

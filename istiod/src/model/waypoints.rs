@@ -19,7 +19,7 @@ use super::workload::bytes_ip;
 use super::ModelConfig;
 use crate::envoy::{
     generate_waypoint, BoundService, Endpoint, Protocol, ProxyResources, ServicePort,
-    WaypointInputs, WaypointKey,
+    WaypointInputs, WaypointKey, WaypointPolicy,
 };
 
 /// Waypoint configuration by waypoint, shared by every snapshot until it changes.
@@ -144,6 +144,34 @@ impl WaypointIndex {
                     }
                 }
             }
+            Kind::AuthorizationPolicy => {
+                for obj in [old, new].into_iter().flatten() {
+                    let Object::AuthorizationPolicy(p) = obj else {
+                        continue;
+                    };
+                    for r in target_refs(&p.spec) {
+                        match r.kind.as_str() {
+                            "Gateway" => {
+                                self.dirty.insert(WaypointKey {
+                                    namespace: key.namespace.clone(),
+                                    name: r.name.clone(),
+                                });
+                            }
+                            "Service" => self.mark_service(&key.namespace, &r.name),
+                            "GatewayClass" => {
+                                let all: Vec<WaypointKey> = self
+                                    .bound
+                                    .keys()
+                                    .chain(self.views.keys())
+                                    .cloned()
+                                    .collect();
+                                self.dirty.extend(all);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
             _ => {}
         }
     }
@@ -203,7 +231,7 @@ impl WaypointIndex {
             .get(wp)
             .into_iter()
             .flatten()
-            .filter_map(|key| self.bound_service(state, addresses, key))
+            .filter_map(|key| self.bound_service(cfg, state, addresses, wp, key))
             .collect();
         services.sort_by(|a, b| a.hostname.cmp(&b.hostname));
         WaypointInputs {
@@ -216,8 +244,10 @@ impl WaypointIndex {
 
     fn bound_service(
         &self,
+        cfg: &ModelConfig,
         state: &State,
         addresses: &ResourceMap,
+        wp: &WaypointKey,
         key: &str,
     ) -> Option<BoundService> {
         let svc = match decode(addresses, key)? {
@@ -281,9 +311,58 @@ impl WaypointIndex {
             ports,
             endpoints,
             routes,
-            policies: Vec::new(),
+            policies: attached_policies(cfg, state, wp, &svc.namespace, &svc.name),
         })
     }
+}
+
+/// `targetRef` and `targetRefs` of a policy.
+fn target_refs(
+    spec: &mesh_api::AuthorizationPolicySpec,
+) -> impl Iterator<Item = &mesh_api::PolicyTargetReference> {
+    spec.target_ref.iter().chain(spec.target_refs.iter())
+}
+
+/// AuthorizationPolicies in force for one service on one waypoint: those targeting the
+/// Service, the waypoint's Gateway, or (from the root namespace) the `istio-waypoint`
+/// GatewayClass. Policies with a selector are for ztunnel, not waypoints.
+fn attached_policies(
+    cfg: &ModelConfig,
+    state: &State,
+    wp: &WaypointKey,
+    svc_ns: &str,
+    svc_name: &str,
+) -> Vec<WaypointPolicy> {
+    let mut out: BTreeMap<String, WaypointPolicy> = BTreeMap::new();
+    let mut scan = |ns: &str, wanted: &dyn Fn(&mesh_api::PolicyTargetReference) -> bool| {
+        for obj in state.objects_in(Kind::AuthorizationPolicy, ns) {
+            let Object::AuthorizationPolicy(p) = obj else {
+                continue;
+            };
+            if target_refs(&p.spec).any(wanted) {
+                let key = format!("{ns}/{}", p.metadata.name.as_deref().unwrap_or_default());
+                out.insert(
+                    key.clone(),
+                    WaypointPolicy {
+                        key,
+                        policy: Arc::new((**p).clone()),
+                    },
+                );
+            }
+        }
+    };
+    let group_ok =
+        |r: &mesh_api::PolicyTargetReference, group: &str| r.group.is_empty() || r.group == group;
+    scan(svc_ns, &|r| {
+        r.kind == "Service" && r.name == svc_name && group_ok(r, "")
+    });
+    scan(&wp.namespace, &|r| {
+        r.kind == "Gateway" && r.name == wp.name && group_ok(r, "gateway.networking.k8s.io")
+    });
+    scan(&cfg.root_namespace, &|r| {
+        r.kind == "GatewayClass" && r.name == WAYPOINT_CLASS
+    });
+    out.into_values().collect()
 }
 
 fn decode(addresses: &ResourceMap, key: &str) -> Option<address::Type> {
