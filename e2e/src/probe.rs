@@ -63,3 +63,20 @@ pub fn echo_until(
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Sends `payload` to `addr` from `netns` (writer thread) and reads back as many bytes;
+/// `None` if the connection failed or closed early.
+pub fn echo_bytes(netns: &Netns, addr: SocketAddr, payload: &[u8]) -> Option<Vec<u8>> {
+    let stream = netns.tcp_connect(addr, Duration::from_secs(3)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    let mut writer = stream.try_clone().ok()?;
+    let data = payload.to_vec();
+    let sender = std::thread::spawn(move || writer.write_all(&data).is_ok());
+    let mut got = vec![0u8; payload.len()];
+    let mut reader = &stream;
+    let read = reader.read_exact(&mut got).is_ok();
+    let sent = sender.join().unwrap_or(false);
+    (read && sent).then_some(got)
+}

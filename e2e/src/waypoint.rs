@@ -151,6 +151,20 @@ impl Waypoint {
         .map(|r| (r.status, r.body))
     }
 
+    /// `GET /healthz/ready` on the agent's status port (what 15021 forwards to once Envoy has
+    /// started its listeners).
+    pub fn agent_readiness(&self) -> Option<(u16, String)> {
+        http_request(
+            &self.netns,
+            SocketAddr::from((self.ip, STATUS_PORT)),
+            "GET",
+            "/healthz/ready",
+            &[],
+            Duration::from_secs(5),
+        )
+        .map(|r| (r.status, r.body))
+    }
+
     /// Waits until `/healthz/ready` on 15021 answers 200.
     pub fn wait_ready(&self, limit: Duration) {
         let start = Instant::now();

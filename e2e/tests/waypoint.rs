@@ -175,7 +175,7 @@ fn seen_from(c: &MeshCluster, principal: &str) -> bool {
         })
 }
 
-const SPLIT: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: split\n  namespace: demo\nspec:\n  parentRefs:\n  - group: \"\"\n    kind: Service\n    name: server\n    port: 80\n  rules:\n  - matches:\n    - path:\n        type: PathPrefix\n        value: /status\n    retry:\n      attempts: 2\n      codes: [503]\n    backendRefs:\n    - name: server-v1\n      port: 80\n  - matches:\n    - path:\n        type: PathPrefix\n        value: /delay\n    timeouts:\n      request: 1s\n    backendRefs:\n    - name: server-v1\n      port: 80\n  - matches:\n    - headers:\n      - name: x-canary\n        value: \"true\"\n    backendRefs:\n    - name: server-v2\n      port: 80\n  - backendRefs:\n    - name: server-v1\n      port: 80\n      weight: 90\n    - name: server-v2\n      port: 80\n      weight: 10\n";
+const SPLIT: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: split\n  namespace: demo\nspec:\n  parentRefs:\n  - group: \"\"\n    kind: Service\n    name: server\n    port: 80\n  rules:\n  - matches:\n    - path:\n        type: PathPrefix\n        value: /status\n    retry:\n      attempts: 2\n      codes: [503]\n    backendRefs:\n    - name: server-v1\n      port: 80\n  - matches:\n    - path:\n        type: PathPrefix\n        value: /timed\n    timeouts:\n      request: 1s\n    backendRefs:\n    - name: server-v1\n      port: 80\n  - matches:\n    - headers:\n      - name: x-canary\n        value: \"true\"\n    backendRefs:\n    - name: server-v2\n      port: 80\n  - backendRefs:\n    - name: server-v1\n      port: 80\n      weight: 90\n    - name: server-v2\n      port: 80\n      weight: 10\n";
 
 #[test]
 fn waypoint_routes_http_between_ztunnels() {
@@ -272,7 +272,7 @@ fn waypoint_enforces_routes_policies_retries_and_timeouts() {
     assert_eq!(app.v1.hits() - before, 3, "1 try + 2 retries");
 
     // Timeout: 1 s against a 3 s backend -> 504 after about a second.
-    let slow = get(client, "/delay/3000", &[]).expect("answer");
+    let slow = get(client, "/timed/delay/3000", &[]).expect("answer");
     assert_eq!(slow.status, 504);
     assert!(
         (Duration::from_millis(950)..Duration::from_millis(1600)).contains(&slow.elapsed),
@@ -318,4 +318,104 @@ fn waypoint_enforces_routes_policies_retries_and_timeouts() {
         "/admin/x",
         &[]
     )) == 200));
+
+    // SIGTERM drains: a request in flight (1.5 s) completes, then the agent exits cleanly.
+    let netns = client.clone();
+    let in_flight = std::thread::spawn(move || get(&netns, "/delay/1500", &[]));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut waypoint = app.waypoint;
+    assert!(
+        waypoint.stop(Duration::from_secs(15)),
+        "agent exits cleanly\n{}",
+        waypoint.log()
+    );
+    let r = in_flight.join().expect("request thread");
+    assert_eq!(
+        status(r),
+        200,
+        "in-flight request survived the drain\n{}",
+        waypoint.log()
+    );
+}
+
+#[test]
+fn waypoint_is_not_ready_before_its_first_configuration() {
+    if !have_root("waypoint_is_not_ready_before_its_first_configuration") {
+        return;
+    }
+    let mut c = MeshCluster::start("wpr", &["node1"], Redirection::Nftables, setup);
+    let pod = c
+        .add_pod(
+            PodSpec::new("demo", "waypoint-0", "node1", "waypoint")
+                .label("gateway.networking.k8s.io/gateway-name", "waypoint")
+                .label("istio.io/dataplane-mode", "none"),
+        )
+        .expect("waypoint pod");
+    // xDS pointed at a port nobody serves: the certificate comes, the configuration never.
+    let ca = format!("{}:15012", c.istiod.ip());
+    let wp = Waypoint::start(
+        &pod,
+        &c.istiod,
+        &[
+            (
+                "PROXY_CONFIG",
+                "{\"discoveryAddress\":\"172.30.0.1:15999\"}",
+            ),
+            ("CA_ADDR", &ca),
+        ],
+    );
+    let answered = eventually(|| wp.agent_readiness().is_some());
+    assert!(answered, "the agent's readiness answers\n{}", wp.log());
+    std::thread::sleep(Duration::from_secs(2));
+    let (code, body) = wp.agent_readiness().expect("readiness");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("waiting for the first configuration"),
+        "{body}"
+    );
+    // Envoy has not started its listeners either: 15021 (the kubelet's probe) is not 200.
+    assert!(wp.readiness().is_none_or(|(code, _)| code != 200));
+    drop(wp);
+    // The same pod with the right address becomes ready.
+    let wp = Waypoint::start(&pod, &c.istiod, &[]);
+    wp.wait_ready(Duration::from_secs(30));
+}
+
+const TCP_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: db\n  namespace: demo\nspec:\n  clusterIP: 10.96.0.30\n  selector: {app: db}\n  ports:\n  - name: tcp-db\n    port: 5432\n    targetPort: 5432\n";
+
+#[test]
+fn waypoint_carries_tcp_ports_byte_exact() {
+    if !have_root("waypoint_carries_tcp_ports_byte_exact") {
+        return;
+    }
+    let mut c = MeshCluster::start("wpc", &["node1", "node2"], Redirection::Nftables, |d| {
+        setup(d);
+        d.write("svc-db.yaml", TCP_SERVICE);
+    });
+    let db = c
+        .add_pod(PodSpec::new("demo", "db", "node2", "db"))
+        .expect("db pod");
+    let _echo = db
+        .netns
+        .echo_server(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 5432)))
+        .expect("echo");
+    let app = deploy(&mut c);
+    app.waypoint.wait_ready(Duration::from_secs(30));
+    let target = SocketAddr::from(([10, 96, 0, 30], 5432));
+    let payload: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+    let ok = eventually(|| {
+        mesh_e2e::probe::echo_bytes(&app.client.netns, target, &payload).as_deref()
+            == Some(payload.as_slice())
+    });
+    assert!(
+        ok,
+        "1 MiB echoed through the waypoint\n{}",
+        app.waypoint.log()
+    );
+    assert!(
+        app.waypoint
+            .admin("/stats?filter=tcp")
+            .contains("inbound-vip|5432|tcp|db.demo.svc.cluster.local"),
+        "the TCP chain carried it"
+    );
 }

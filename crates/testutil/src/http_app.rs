@@ -1,7 +1,7 @@
 //! An HTTP/1.1 test application (hyper) and a client, for L7 tests through waypoints.
 //!
 //! [`HttpApp`] answers every request with `200` and a body naming the app, except:
-//! `/status/<code>` answers `<code>`, `/delay/<ms>` answers after `ms` milliseconds. It counts
+//! `/status/<code>` answers `<code>`, `.../delay/<ms>` answers after `ms` milliseconds. It counts
 //! requests and keeps the headers of the last one. [`http_request`] sends one request over a
 //! fresh connection from a network namespace and reports status, body and time taken.
 
@@ -150,7 +150,7 @@ async fn handle(
     let mut status = 200u16;
     if let Some(code) = path.strip_prefix("/status/") {
         status = code.parse().unwrap_or(400);
-    } else if let Some(ms) = path.strip_prefix("/delay/") {
+    } else if let Some((_, ms)) = path.rsplit_once("/delay/") {
         let ms: u64 = ms.parse().unwrap_or(0);
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }

@@ -429,3 +429,6 @@ pub(crate) fn waypoint_of(
         name: name.clone(),
     })
 }
+
+#[cfg(test)]
+mod tests;

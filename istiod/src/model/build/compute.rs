@@ -242,7 +242,30 @@ impl Model {
     }
 
     /// The resource of a workload; `exclusive` workloads must own their IPs.
-    fn workload_output(&self, w: Workload, exclusive: bool) -> Output {
+    /// A workload keeps its waypoint only if that waypoint serves workload traffic
+    /// (`istio.io/waypoint-for: workload | all` on the Gateway); the default is `service`.
+    fn waypoint_for_workload(&self, w: &mut Workload) {
+        use mesh_proto::workload::gateway_address::Destination;
+        let Some(Destination::Hostname(h)) =
+            w.waypoint.as_ref().and_then(|g| g.destination.as_ref())
+        else {
+            return;
+        };
+        let name = h.hostname.split('.').next().unwrap_or_default();
+        let key = ObjectKey::new(Kind::Gateway, &h.namespace, name);
+        let for_workloads = match self.state.get(&key) {
+            Some(Object::Gateway(g)) => meta_labels(&g.metadata)
+                .get(mesh_api::label::WAYPOINT_FOR)
+                .is_some_and(|v| v == "workload" || v == "all"),
+            _ => false,
+        };
+        if !for_workloads {
+            w.waypoint = None;
+        }
+    }
+
+    fn workload_output(&self, mut w: Workload, exclusive: bool) -> Output {
+        self.waypoint_for_workload(&mut w);
         let aliases: Vec<String> = (w.addresses.iter())
             .filter_map(|a| bytes_ip(a))
             .map(|ip| format!("{}/{ip}", w.network))

@@ -17,8 +17,22 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
     let new = m.state.get(key);
     let ns = key.namespace.as_str();
     match key.kind {
-        // Gateways and routes change waypoint configuration only (see `model::waypoints`).
-        Kind::Pod | Kind::WorkloadEntry | Kind::Gateway | Kind::HttpRoute => {}
+        // Routes change waypoint configuration only (see `model::waypoints`).
+        Kind::Pod | Kind::WorkloadEntry | Kind::HttpRoute => {}
+        // A Gateway's traffic type decides whether workloads use it: recompute the workloads
+        // when it appears, goes or changes `istio.io/waypoint-for` (rare).
+        Kind::Gateway => {
+            if labels_of(old).and_then(|l| l.get(mesh_api::label::WAYPOINT_FOR))
+                != labels_of(new).and_then(|l| l.get(mesh_api::label::WAYPOINT_FOR))
+                || old.is_none() != new.is_none()
+            {
+                for kind in [Kind::Pod, Kind::WorkloadEntry] {
+                    for ns in m.state.namespaces_with(kind) {
+                        out.extend(m.state.keys_in(kind, &ns));
+                    }
+                }
+            }
+        }
         Kind::Namespace => {
             if labels_of(old) != labels_of(new) {
                 for kind in [

@@ -1,0 +1,171 @@
+//! The waypoint index through the model: binding, incremental regeneration, workload traffic.
+
+use mesh_api::{Kind, ObjectKey};
+use mesh_proto::type_url;
+use mesh_xds::XdsSnapshot;
+use serde_json::json;
+
+use crate::envoy::WaypointKey;
+use crate::model::testing::{authz, namespace, obj, pod, service};
+use crate::model::{Model, ModelConfig, Snapshot};
+
+fn key() -> WaypointKey {
+    WaypointKey {
+        namespace: "shop".into(),
+        name: "waypoint".into(),
+    }
+}
+
+fn gateway(waypoint_for: Option<&str>) -> mesh_api::Object {
+    let labels = match waypoint_for {
+        Some(v) => json!({"istio.io/waypoint-for": v}),
+        None => json!({}),
+    };
+    obj(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "waypoint", "namespace": "shop", "labels": labels},
+        "spec": {"gatewayClassName": "istio-waypoint",
+                 "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]},
+    }))
+}
+
+fn clusters(s: &Snapshot) -> Vec<String> {
+    s.waypoint(&key())
+        .get(type_url::CLUSTER)
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn shop() -> Model {
+    let mut m = Model::new(ModelConfig::default());
+    m.apply(namespace(
+        "shop",
+        json!({"istio.io/dataplane-mode": "ambient", "istio.io/use-waypoint": "waypoint"}),
+    ));
+    m.apply(gateway(None));
+    m.apply(service(
+        "shop",
+        "echo",
+        json!({"app": "echo"}),
+        "10.96.0.10",
+    ));
+    m.apply(pod("shop", "echo-1", "10.1.0.5", json!({"app": "echo"})));
+    m
+}
+
+#[test]
+fn services_of_a_labelled_namespace_are_served_by_its_waypoint() {
+    let mut m = shop();
+    let s = m.build();
+    let c = clusters(&s);
+    assert!(
+        c.contains(&"inbound-vip|80|http|echo.shop.svc.cluster.local".to_string()),
+        "{c:?}"
+    );
+    assert!(
+        c.contains(&"inbound-vip|9000|tcp|echo.shop.svc.cluster.local".to_string()),
+        "{c:?}"
+    );
+    let eds = s.waypoint(&key()).get(type_url::ENDPOINT).expect("eds");
+    let cla = eds
+        .get("inbound-vip|80|http|echo.shop.svc.cluster.local")
+        .expect("cla");
+    assert!(String::from_utf8_lossy(&cla.body.value).contains("10.1.0.5:8080"));
+    // An opted-out service is not served.
+    m.apply(obj(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "direct", "namespace": "shop", "labels": {"istio.io/use-waypoint": "none"}},
+        "spec": {"clusterIP": "10.96.0.11", "selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80}]},
+    })));
+    let s = m.build();
+    assert!(!clusters(&s).iter().any(|c| c.contains("direct.shop")));
+}
+
+#[test]
+fn only_changes_that_touch_a_waypoint_regenerate_it() {
+    let mut m = shop();
+    let first = m.build();
+    let v = first.waypoint(&key()).changed_in;
+    let scope = "waypoint:shop/waypoint";
+    // Elsewhere: nothing changes for the waypoint, and its proxies are told so.
+    m.apply(namespace("other", json!({})));
+    m.apply(service("other", "db", json!({"app": "db"}), "10.96.1.1"));
+    m.apply(pod("other", "db-1", "10.1.1.5", json!({"app": "db"})));
+    let s = m.build();
+    assert_eq!(s.waypoint(&key()).changed_in, v);
+    assert_eq!(
+        s.scoped_changes_since(scope, first.version()),
+        Some(Default::default())
+    );
+    // A new endpoint of a bound service: regenerated, a push is due.
+    m.apply(pod("shop", "echo-2", "10.1.0.6", json!({"app": "echo"})));
+    let s2 = m.build();
+    assert!(s2.waypoint(&key()).changed_in > v);
+    assert_eq!(s2.scoped_changes_since(scope, s.version()), None);
+    // An HTTPRoute on the service and a policy targeting it regenerate it too.
+    let before = s2.waypoint(&key()).changed_in;
+    m.apply(obj(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+        "metadata": {"name": "r", "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo"}],
+                 "rules": [{"backendRefs": [{"name": "echo", "port": 80}]}]},
+    })));
+    let s3 = m.build();
+    assert!(s3.waypoint(&key()).changed_in > before);
+    m.apply(authz(
+        "shop",
+        "deny",
+        json!({"targetRefs": [{"kind": "Service", "group": "", "name": "echo"}], "action": "DENY",
+               "rules": [{"to": [{"operation": {"paths": ["/admin*"]}}]}]}),
+    ));
+    let s4 = m.build();
+    assert!(s4.waypoint(&key()).changed_in > s3.waypoint(&key()).changed_in);
+    // Waypoint policies are not ztunnel policies.
+    assert!(s4.authorizations().get("shop/deny").is_none());
+    // The service leaves the waypoint: its clusters go.
+    m.delete(&ObjectKey::new(Kind::Service, "shop", "echo"));
+    let s5 = m.build();
+    assert!(!clusters(&s5).iter().any(|c| c.contains("echo.shop")));
+}
+
+#[test]
+fn workloads_use_the_waypoint_only_when_it_serves_workload_traffic() {
+    let workload_waypoint = |s: &Snapshot| {
+        let r = s
+            .addresses()
+            .get("Kubernetes//Pod/shop/echo-1")
+            .expect("workload");
+        let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
+            .expect("decode");
+        match a.r#type {
+            Some(mesh_proto::workload::address::Type::Workload(w)) => w.waypoint.is_some(),
+            _ => panic!("not a workload"),
+        }
+    };
+    let service_waypoint = |s: &Snapshot| {
+        let r = s
+            .addresses()
+            .get("shop/echo.shop.svc.cluster.local")
+            .expect("service");
+        let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
+            .expect("decode");
+        match a.r#type {
+            Some(mesh_proto::workload::address::Type::Service(svc)) => svc.waypoint.is_some(),
+            _ => panic!("not a service"),
+        }
+    };
+    let mut m = shop();
+    let s = m.build();
+    assert!(
+        service_waypoint(&s) && !workload_waypoint(&s),
+        "default: service traffic only"
+    );
+    m.apply(gateway(Some("all")));
+    let s = m.build();
+    assert!(
+        service_waypoint(&s) && workload_waypoint(&s),
+        "waypoint-for: all"
+    );
+    m.apply(gateway(Some("service")));
+    assert!(!workload_waypoint(&m.build()));
+}
