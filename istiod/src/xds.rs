@@ -4,7 +4,8 @@
 //! One task per connection owns its stream state ([`mesh_xds::DeltaStream`]) and selects over
 //! the client's requests and snapshot changes (a `watch` channel: slow connections coalesce to
 //! the newest snapshot). On a change it asks the snapshot what changed since the version it last
-//! pushed and sends only that. State-of-the-world ADS is not served.
+//! pushed and sends only that. State-of-the-world ADS (`StreamAggregatedResources`) runs on
+//! the same machinery through [`sotw`].
 //!
 //! Mount [`XdsServer::into_service`] on 15010 (plaintext) and 15012 (TLS); serve
 //! [`XdsServer::syncz`] at `/debug/syncz`; register [`XdsMetrics`].
@@ -14,6 +15,7 @@ pub mod framed;
 mod metrics;
 mod node;
 mod registry;
+pub mod sotw;
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -222,12 +224,17 @@ impl<S: XdsSnapshot> AggregatedDiscoveryService for XdsServer<S> {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<SotwResponseStream>, Status> {
-        tracing::info!(peer = ?request.remote_addr(), "state-of-the-world ADS request refused");
-        Err(Status::unimplemented(
-            "StreamAggregatedResources (state-of-the-world ADS) is not served by this istiod; \
-             use DeltaAggregatedResources (Envoy: ads_config api_type DELTA_GRPC; ztunnel uses \
-             delta by default)",
-        ))
+        use futures::StreamExt;
+        self.check_ready()?;
+        let (conn, rx) = self.open(request.remote_addr());
+        let mut requests = sotw::RequestTranslator::default();
+        let inbound = request
+            .into_inner()
+            .map(move |r| r.map(|req| requests.translate(req)));
+        tokio::spawn(conn.run(Box::pin(inbound)));
+        let mut responses = sotw::ResponseTranslator::default();
+        let out = ReceiverStream::new(rx).map(move |r| r.map(|resp| responses.translate(resp)));
+        Ok(Response::new(Box::pin(out)))
     }
 
     async fn delta_aggregated_resources(

@@ -502,19 +502,57 @@ async fn garbage_ends_only_that_stream() {
 }
 
 #[tokio::test]
-async fn state_of_the_world_is_unimplemented() {
-    let h = start(base(), XdsMetrics::default()).await;
+async fn state_of_the_world_gets_the_whole_type_acks_and_nacks() {
+    let snap = base();
+    let h = start(snap.clone(), XdsMetrics::default()).await;
     let mut grpc = AggregatedDiscoveryServiceClient::new(h.channel().await);
-    let reqs = tokio_stream::iter(vec![DiscoveryRequest::default()]);
-    let status = grpc
-        .stream_aggregated_resources(reqs)
+    let (tx, rx) = mpsc::unbounded_channel::<DiscoveryRequest>();
+    let req = |names: &[&str], nonce: &str| DiscoveryRequest {
+        node: Some(ztunnel_node(1)),
+        type_url: ADDRESS.to_string(),
+        resource_names: names.iter().map(|n| n.to_string()).collect(),
+        response_nonce: nonce.to_string(),
+        ..DiscoveryRequest::default()
+    };
+    tx.send(req(&[], "")).expect("send");
+    let mut responses = grpc
+        .stream_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
         .await
-        .expect_err("SotW is refused");
-    assert_eq!(status.code(), tonic::Code::Unimplemented);
-    assert!(
-        status.message().contains("DeltaAggregatedResources"),
-        "{status:?}"
-    );
+        .expect("SotW served")
+        .into_inner();
+    async fn next(
+        responses: &mut tonic::Streaming<mesh_proto::discovery::DiscoveryResponse>,
+    ) -> mesh_proto::discovery::DiscoveryResponse {
+        tokio::time::timeout(Duration::from_secs(5), responses.message())
+            .await
+            .expect("in time")
+            .expect("stream ok")
+            .expect("a response")
+    }
+    let first = next(&mut responses).await;
+    assert_eq!(first.resources.len(), 3, "the whole type");
+    assert_eq!(first.version_info, "1");
+    tx.send(req(&[], &first.nonce)).expect("ack");
+    // One workload changes: the SotW response still carries all three.
+    let s2 = snap.next(&[workload("b", 2, "r2", 0)], &[]);
+    h.publish(&s2);
+    let second = next(&mut responses).await;
+    assert_eq!(second.resources.len(), 3);
+    assert_eq!(second.version_info, "2");
+    // A NACK is kept for /debug/syncz, as on delta streams.
+    tx.send(DiscoveryRequest {
+        error_detail: Some(mesh_proto::envoy::pb::google::rpc::Status {
+            code: 3,
+            message: "bad workload b".into(),
+            ..Default::default()
+        }),
+        ..req(&[], &second.nonce)
+    })
+    .expect("nack");
+    eventually("NACK recorded", || {
+        syncz_type(&h, ADDRESS)["nack"]["message"] == "bad workload b"
+    })
+    .await;
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use mesh_xds::{metric_type, RequestKind, RequestOutcome, Scoped, XdsSnapshot};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tonic::{Status, Streaming};
+use tonic::Status;
 
 use super::metrics::XdsMetrics;
 use super::node::NodeId;
@@ -48,7 +48,10 @@ pub(crate) struct Connection<S: XdsSnapshot> {
 
 impl<S: XdsSnapshot> Connection<S> {
     /// Serves the connection until the client goes away or a fatal error; logs how it ended.
-    pub async fn run(mut self, inbound: Streaming<DeltaDiscoveryRequest>) {
+    pub async fn run<I>(mut self, inbound: I)
+    where
+        I: futures::Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Unpin,
+    {
         let id = self.entry.id.clone();
         match self.serve(inbound).await {
             Ok(()) => {
@@ -64,18 +67,18 @@ impl<S: XdsSnapshot> Connection<S> {
         }
     }
 
-    async fn serve(
-        &mut self,
-        mut inbound: Streaming<DeltaDiscoveryRequest>,
-    ) -> Result<(), XdsError> {
+    async fn serve<I>(&mut self, mut inbound: I) -> Result<(), XdsError>
+    where
+        I: futures::Stream<Item = Result<DeltaDiscoveryRequest, Status>> + Unpin,
+    {
         loop {
             let permit_deadline = self.next_permit_deadline();
             let holding = !self.inflight.is_empty();
             tokio::select! {
-                msg = inbound.message() => match msg {
-                    Ok(Some(req)) => self.on_request(req).await?,
-                    Ok(None) => return Ok(()),
-                    Err(status) => return Err(XdsError::Receive(status)),
+                msg = futures::StreamExt::next(&mut inbound) => match msg {
+                    Some(Ok(req)) => self.on_request(req).await?,
+                    None => return Ok(()),
+                    Some(Err(status)) => return Err(XdsError::Receive(status)),
                 },
                 changed = self.snapshots.changed() => match changed {
                     Ok(()) => self.on_snapshot().await?,
