@@ -214,6 +214,11 @@ impl Waypoint {
         .unwrap_or_default()
     }
 
+    /// The agent's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(ChildGuard::id)
+    }
+
     /// SIGTERM; waits up to `limit` for the agent to drain and exit.
     pub fn stop(&mut self, limit: Duration) -> bool {
         let Some(mut child) = self.child.take() else {

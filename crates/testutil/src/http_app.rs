@@ -156,7 +156,10 @@ async fn handle(
     }
     let mut resp = Response::new(Full::new(Bytes::from(name.clone())));
     *resp.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::OK);
-    if let Ok(v) = hyper::header::HeaderValue::from_str(&name) {
+    if let Some(v) = (name.len() <= 64)
+        .then(|| hyper::header::HeaderValue::from_str(&name).ok())
+        .flatten()
+    {
         resp.headers_mut().insert("x-served-by", v);
     }
     Ok(resp)

@@ -1,0 +1,404 @@
+//! Waypoint benchmark: HTTP/1.1 1 KB responses over keep-alive connections, in one run,
+//! direct (no mesh), through the L4 mesh (two ztunnels) and through a waypoint (ztunnel ->
+//! Envoy -> ztunnel). Reports requests/s at saturation, p50/p99 at a fixed rate, the
+//! waypoint's CPU (Envoy + pilot-agent) and memory (RSS and private), and how long an
+//! HTTPRoute edit takes to be served. Needs root (network namespaces).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use mesh_e2e::cluster::{MeshCluster, PodSpec, Redirection};
+use mesh_e2e::waypoint::Waypoint;
+use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp, Netns};
+
+#[derive(Parser)]
+struct Args {
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 8)]
+    seconds: u64,
+    /// Connections for the saturation run.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Requests per second for the latency run.
+    #[arg(long, default_value_t = 1000)]
+    rate: u32,
+    /// Short run (2 s per measurement).
+    #[arg(long)]
+    quick: bool,
+}
+
+const BODY: usize = 1024;
+
+fn svc(ns: &str, name: &str, vip: &str, selector: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  clusterIP: {vip}\n  selector: {{app: {selector}}}\n  ports:\n  - name: http\n    port: 80\n    targetPort: http\n"
+    )
+}
+
+fn setup(dir: &ClusterDir) {
+    dir.write("ns-plain.yaml", &namespace_yaml("plain", &[]));
+    dir.write(
+        "ns-l4.yaml",
+        &namespace_yaml("l4", &[("istio.io/dataplane-mode", "ambient")]),
+    );
+    dir.write(
+        "ns-demo.yaml",
+        &namespace_yaml(
+            "demo",
+            &[
+                ("istio.io/dataplane-mode", "ambient"),
+                ("istio.io/use-waypoint", "waypoint"),
+            ],
+        ),
+    );
+    dir.write("svc-l4.yaml", &svc("l4", "server", "10.96.1.10", "server"));
+    dir.write(
+        "svc-demo.yaml",
+        &format!(
+            "{}---\n{}",
+            svc("demo", "server", "10.96.0.10", "server"),
+            svc("demo", "server-v2", "10.96.0.12", "server-v2")
+        ),
+    );
+    dir.write(
+        "gateway.yaml",
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: waypoint\n  namespace: demo\nspec:\n  gatewayClassName: istio-waypoint\n  listeners:\n  - name: mesh\n    port: 15008\n    protocol: HBONE\n",
+    );
+    dir.write(
+        "svc-waypoint.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: waypoint\n  namespace: demo\n  labels: {gateway.networking.k8s.io/gateway-name: waypoint}\nspec:\n  clusterIP: 10.96.0.20\n  selector: {gateway.networking.k8s.io/gateway-name: waypoint}\n  ports:\n  - name: mesh\n    port: 15008\n",
+    );
+}
+
+/// One HTTP/1.1 keep-alive connection from `netns`.
+async fn connect(
+    netns: &Netns,
+    addr: SocketAddr,
+) -> anyhow::Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> {
+    let std = netns.tcp_connect(addr, Duration::from_secs(5))?;
+    std.set_nonblocking(true)?;
+    std.set_nodelay(true)?;
+    let stream = tokio::net::TcpStream::from_std(std)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+async fn one(
+    sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    host: &str,
+) -> anyhow::Result<()> {
+    sender.ready().await?;
+    let req = hyper::Request::get("/bench")
+        .header("host", host)
+        .body(Empty::new())?;
+    let resp = sender.send_request(req).await?;
+    anyhow::ensure!(resp.status() == 200, "status {}", resp.status());
+    resp.into_body().collect().await?;
+    Ok(())
+}
+
+/// Requests/s with `conns` connections sending back to back.
+async fn saturate(
+    netns: &Netns,
+    addr: SocketAddr,
+    conns: usize,
+    dur: Duration,
+) -> anyhow::Result<f64> {
+    let deadline = Instant::now() + dur;
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        let mut sender = connect(netns, addr).await?;
+        let host = addr.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                if one(&mut sender, &host).await.is_err() {
+                    break;
+                }
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await?;
+    }
+    Ok(total as f64 / dur.as_secs_f64())
+}
+
+/// Latencies at a fixed `rate`, spread over 10 connections (open loop per connection).
+async fn paced(
+    netns: &Netns,
+    addr: SocketAddr,
+    rate: u32,
+    dur: Duration,
+) -> anyhow::Result<Vec<Duration>> {
+    let conns = 10u32;
+    let interval = Duration::from_secs_f64(f64::from(conns) / f64::from(rate));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..conns {
+        let mut sender = connect(netns, addr).await?;
+        let host = addr.to_string();
+        let offset = interval.mul_f64(f64::from(i) / f64::from(conns));
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut next = start + offset;
+            while next < start + dur {
+                tokio::time::sleep_until(next.into()).await;
+                let t = Instant::now();
+                if one(&mut sender, &host).await.is_ok() {
+                    lat.push(t.elapsed());
+                }
+                next += interval;
+            }
+            lat
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await?);
+    }
+    all.sort();
+    Ok(all)
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// utime + stime of `pid` in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let n = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    n(11) + n(12)
+}
+
+/// (RSS, private anonymous) in KiB.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("RssAnon:"))
+}
+
+/// Children of `pid` (Envoy under pilot-agent).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+struct Row {
+    name: &'static str,
+    rps: f64,
+    lat: Vec<Duration>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let dur = Duration::from_secs(if args.quick { 2 } else { args.seconds });
+    let mut c = MeshCluster::start("wpb", &["node1", "node2"], Redirection::Nftables, setup);
+    let add = |c: &mut MeshCluster, spec: PodSpec| {
+        let name = spec.name.clone();
+        c.add_pod(spec)
+            .map_err(|e| anyhow::anyhow!("pod {name}: {e}"))
+    };
+    let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 8080));
+    let body = "x".repeat(BODY);
+    let plain_server = add(
+        &mut c,
+        PodSpec::new("plain", "plain-server", "node2", "server"),
+    )?;
+    let plain_client = add(
+        &mut c,
+        PodSpec::new("plain", "plain-client", "node1", "client"),
+    )?;
+    let l4_server = add(
+        &mut c,
+        PodSpec::new("l4", "l4-server", "node2", "server").label("app", "server"),
+    )?;
+    let l4_client = add(&mut c, PodSpec::new("l4", "l4-client", "node1", "client"))?;
+    let wp_server = add(
+        &mut c,
+        PodSpec::new("demo", "wp-server", "node2", "server").label("app", "server"),
+    )?;
+    let wp_v2 = add(
+        &mut c,
+        PodSpec::new("demo", "wp-server-v2", "node2", "server").label("app", "server-v2"),
+    )?;
+    let wp_client = add(&mut c, PodSpec::new("demo", "wp-client", "node1", "client"))?;
+    let wp_pod = add(
+        &mut c,
+        PodSpec::new("demo", "waypoint-0", "node1", "waypoint")
+            .label("gateway.networking.k8s.io/gateway-name", "waypoint")
+            .label("istio.io/dataplane-mode", "none"),
+    )?;
+    let _apps = [
+        HttpApp::start(&plain_server.netns, any, &body)?,
+        HttpApp::start(&l4_server.netns, any, &body)?,
+        HttpApp::start(&wp_server.netns, any, &body)?,
+        HttpApp::start(&wp_v2.netns, any, "v2")?,
+    ];
+    let waypoint = Waypoint::start(&wp_pod, &c.istiod, &[]);
+    waypoint.wait_ready(Duration::from_secs(30));
+    let agent = waypoint
+        .pid()
+        .ok_or_else(|| anyhow::anyhow!("agent not running"))?;
+    let envoy = *children(agent)
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("no Envoy under pilot-agent {agent}"))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let targets = [
+        ("direct", &plain_client.netns, plain_server.addr(8080)),
+        (
+            "L4 mesh (2 ztunnels)",
+            &l4_client.netns,
+            SocketAddr::from(([10, 96, 1, 10], 80)),
+        ),
+        (
+            "waypoint",
+            &wp_client.netns,
+            SocketAddr::from(([10, 96, 0, 10], 80)),
+        ),
+    ];
+    // Warm up every path (certificates, pooled HBONE connections).
+    for (name, netns, addr) in &targets {
+        let ok = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            http_request(netns, *addr, "GET", "/", &[], Duration::from_secs(2))
+                .is_some_and(|r| r.status == 200)
+        });
+        anyhow::ensure!(ok, "{name} path does not answer");
+    }
+    let mut rows = Vec::new();
+    let mut wp_cpu = (0.0, 0.0);
+    let idle_mem = (memory_kib(envoy), memory_kib(agent));
+    for (name, netns, addr) in &targets {
+        let rps = rt.block_on(saturate(netns, *addr, args.connections, dur))?;
+        let (e0, a0) = (cpu_ticks(envoy), cpu_ticks(agent));
+        let lat = rt.block_on(paced(netns, *addr, args.rate, dur))?;
+        if *name == "waypoint" {
+            let secs = dur.as_secs_f64() * 100.0;
+            wp_cpu = (
+                (cpu_ticks(envoy) - e0) as f64 / secs,
+                (cpu_ticks(agent) - a0) as f64 / secs,
+            );
+        }
+        rows.push(Row { name, rps, lat });
+    }
+    let busy_mem = (memory_kib(envoy), memory_kib(agent));
+
+    // Route change: from the HTTPRoute file written to the waypoint serving it.
+    let route = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: probe\n  namespace: demo\nspec:\n  parentRefs:\n  - {group: \"\", kind: Service, name: server, port: 80}\n  rules:\n  - matches: [{path: {type: PathPrefix, value: /probe}}]\n    backendRefs: [{name: server-v2, port: 80}]\n  - backendRefs: [{name: server, port: 80}]\n";
+    let vip = SocketAddr::from(([10, 96, 0, 10], 80));
+    let mut route_ms = Vec::new();
+    for i in 0..5 {
+        let name = format!("route-{i}.yaml");
+        let path = format!("/probe{i}");
+        let text = route
+            .replace("name: probe", &format!("name: probe{i}"))
+            .replace("value: /probe", &format!("value: {path}"));
+        let start = Instant::now();
+        c.objects().write(&name, &text);
+        loop {
+            if http_request(
+                &wp_client.netns,
+                vip,
+                "GET",
+                &path,
+                &[],
+                Duration::from_secs(2),
+            )
+            .is_some_and(|r| r.body == "v2")
+            {
+                break;
+            }
+            anyhow::ensure!(
+                start.elapsed() < Duration::from_secs(10),
+                "route {i} never served"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        route_ms.push(start.elapsed().as_secs_f64() * 1000.0);
+        c.objects().remove(&name);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+
+    println!("\nwaypoint HTTP benchmark: {BODY} B responses, HTTP/1.1 keep-alive, {} s per figure, saturation with {} connections, latency at {} rps\n", dur.as_secs(), args.connections, args.rate);
+    println!(
+        "| path | requests/s (saturated) | p50 at {} rps | p99 at {} rps | samples |",
+        args.rate, args.rate
+    );
+    println!("|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {:.0} | {:.0} us | {:.0} us | {} |",
+            r.name,
+            r.rps,
+            pct(&r.lat, 0.5).as_secs_f64() * 1e6,
+            pct(&r.lat, 0.99).as_secs_f64() * 1e6,
+            r.lat.len()
+        );
+    }
+    let l4 = pct(&rows[1].lat, 0.5);
+    let wp = pct(&rows[2].lat, 0.5);
+    println!(
+        "\nwaypoint over L4 mesh at p50: +{:.0} us (target <= 500 us)",
+        (wp.as_secs_f64() - l4.as_secs_f64()) * 1e6
+    );
+    println!(
+        "waypoint CPU at {} rps: Envoy {:.3} + pilot-agent {:.3} = {:.3} vCPU (target <= 0.2)",
+        args.rate,
+        wp_cpu.0,
+        wp_cpu.1,
+        wp_cpu.0 + wp_cpu.1
+    );
+    let mib = |k: u64| k as f64 / 1024.0;
+    println!(
+        "memory idle: Envoy RSS {:.1} MiB / private {:.1} MiB, pilot-agent RSS {:.1} / private {:.1} MiB",
+        mib(idle_mem.0 .0), mib(idle_mem.0 .1), mib(idle_mem.1 .0), mib(idle_mem.1 .1)
+    );
+    println!(
+        "memory after load: Envoy RSS {:.1} MiB / private {:.1} MiB, pilot-agent RSS {:.1} / private {:.1} MiB; private total {:.1} MiB (target <= 40)",
+        mib(busy_mem.0 .0), mib(busy_mem.0 .1), mib(busy_mem.1 .0), mib(busy_mem.1 .1),
+        mib(busy_mem.0 .1 + busy_mem.1 .1)
+    );
+    route_ms.sort_by(f64::total_cmp);
+    println!(
+        "HTTPRoute edit on disk -> served: {} ms (median {:.0} ms, target <= 200 ms; includes istiod's 100 ms debounce)",
+        route_ms.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(", "),
+        route_ms[route_ms.len() / 2]
+    );
+    Ok(())
+}
