@@ -14,6 +14,7 @@ pub mod inspect;
 pub mod istiod;
 pub mod load;
 pub mod probe;
+pub mod process;
 pub mod procfs;
 pub mod waypoint;
 pub mod ztunnel;

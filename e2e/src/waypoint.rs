@@ -4,7 +4,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mesh_testutil::netns::ChildGuard;
@@ -117,20 +117,16 @@ impl Waypoint {
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("waypoint log");
         let mut cmd = Command::new(binary("pilot-agent"));
         cmd.args(&self.args)
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
-        self.child = Some(self.netns.spawn(&mut cmd).expect("start pilot-agent"));
+            .current_dir(self.dir.path());
+        self.child = Some(crate::process::spawn_logged(
+            &self.netns,
+            &mut cmd,
+            &self.log_path(),
+        ));
     }
 
     /// The agent's and Envoy's log so far.
@@ -221,18 +217,6 @@ impl Waypoint {
 
     /// SIGTERM; waits up to `limit` for the agent to drain and exit.
     pub fn stop(&mut self, limit: Duration) -> bool {
-        let Some(mut child) = self.child.take() else {
-            return true;
-        };
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        crate::process::terminate(self.child.take(), limit)
     }
 }

@@ -3,7 +3,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mesh_testutil::netns::ChildGuard;
@@ -86,18 +86,13 @@ impl Ztunnel {
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log_path())
-            .expect("ztunnel log");
         let mut cmd = Command::new(binary("ztunnel"));
-        cmd.env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log);
-        self.child = Some(self.netns.spawn(&mut cmd).expect("start ztunnel"));
+        cmd.env_clear().envs(self.env.iter().map(|(k, v)| (k, v)));
+        self.child = Some(crate::process::spawn_logged(
+            &self.netns,
+            &mut cmd,
+            &self.log_path(),
+        ));
     }
 
     /// The node it serves.
@@ -156,19 +151,7 @@ impl Ztunnel {
 
     /// Sends SIGTERM and waits up to `limit` for the exit; returns whether it exited cleanly.
     pub fn stop(&mut self, limit: Duration) -> bool {
-        let Some(mut child) = self.child.take() else {
-            return true;
-        };
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Ok(Some(status)) = child.try_wait() {
-                return status.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        crate::process::terminate(self.child.take(), limit)
     }
 
     /// Kills it (SIGKILL) without draining.

@@ -110,7 +110,7 @@ pub struct BoundService {
     pub vips: Vec<IpAddr>,
     pub ports: Vec<ServicePort>,
     pub endpoints: Vec<Endpoint>,
-    /// HTTPRoutes whose parentRefs name this service, oldest first.
+    /// HTTPRoutes whose parentRefs name this service, ordered by name.
     #[serde(skip)]
     pub routes: Vec<Arc<HttpRoute>>,
     /// AuthorizationPolicies attached to this service or to the waypoint (by `targetRefs`).

@@ -100,23 +100,11 @@ fn policy(yaml: &str) -> WaypointPolicy {
 
 /// The HTTP filter names of one `main_internal` chain.
 fn http_filter_names(res: &ProxyResources, chain: &str) -> Vec<String> {
-    use mesh_proto::envoy::pb::envoy::config::listener::v3::filter::ConfigType;
-    use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
-    let listeners: Vec<Listener> = decode(res, type_url::LISTENER);
-    let main = listeners
+    chain_hcm(res, chain)
+        .http_filters
         .iter()
-        .find(|l| l.name == "main_internal")
-        .expect("main_internal");
-    let chain = main
-        .filter_chains
-        .iter()
-        .find(|c| c.name == chain)
-        .expect("chain");
-    let Some(ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
-        panic!("no typed config");
-    };
-    let hcm = HttpConnectionManager::decode(any.value.as_slice()).expect("hcm");
-    hcm.http_filters.iter().map(|f| f.name.clone()).collect()
+        .map(|f| f.name.clone())
+        .collect()
 }
 
 #[test]
@@ -263,15 +251,12 @@ fn waypoint_has_istiods_listener_and_cluster_names() {
     }
 }
 
-/// The inline route configuration of one `main_internal` chain.
-fn route_config(
+/// The HTTP connection manager of one `main_internal` chain.
+fn chain_hcm(
     res: &ProxyResources,
     chain: &str,
-) -> mesh_proto::envoy::pb::envoy::config::route::v3::RouteConfiguration {
+) -> mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager{
     use mesh_proto::envoy::pb::envoy::config::listener::v3::filter::ConfigType;
-    use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-        http_connection_manager::RouteSpecifier, HttpConnectionManager,
-    };
     let listeners: Vec<Listener> = decode(res, type_url::LISTENER);
     let main = listeners
         .iter()
@@ -285,8 +270,16 @@ fn route_config(
     let Some(ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
         panic!("no typed config");
     };
-    let hcm = HttpConnectionManager::decode(any.value.as_slice()).expect("hcm");
-    match hcm.route_specifier {
+    Message::decode(any.value.as_slice()).expect("hcm")
+}
+
+/// The inline route configuration of one `main_internal` chain.
+fn route_config(
+    res: &ProxyResources,
+    chain: &str,
+) -> mesh_proto::envoy::pb::envoy::config::route::v3::RouteConfiguration {
+    use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier;
+    match chain_hcm(res, chain).route_specifier {
         Some(RouteSpecifier::RouteConfig(rc)) => rc,
         other => panic!("no inline routes: {other:?}"),
     }
