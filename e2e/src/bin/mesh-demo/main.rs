@@ -1,7 +1,10 @@
 //! The local ambient mesh demo: istiod, two nodes each with cni-node and ztunnel, and a sample
 //! application in two namespaces, in network namespaces on this machine. It sends traffic and
 //! shows what went through the mesh, a policy refusing and then allowing a connection, and
-//! metrics. `--keep` leaves everything up until Ctrl-C.
+//! metrics; then a waypoint (L7): an HTTPRoute split, an L7 policy, request statistics.
+//! `--keep` leaves everything up until Ctrl-C.
+
+mod waypoint;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -184,12 +187,20 @@ fn run(keep: bool, ebpf: bool) -> Result<(), String> {
         println!("  {}", shorten_metric(line));
     }
 
+    let servers: Vec<&MeshPod> = made
+        .iter()
+        .filter(|p| p.spec.name.starts_with("server"))
+        .collect();
+    let l7 = waypoint::run(&mut c, client, &servers)?;
+
     if keep {
         explore(&c);
+        l7.explore();
         wait_for_ctrl_c();
     }
     step("tearing down (processes, namespaces, rules)");
     stop.store(true, Ordering::Relaxed);
+    drop(l7);
     drop(c);
     println!("done");
     Ok(())

@@ -1,0 +1,137 @@
+//! The demo's L7 part: a waypoint for `demo` (a Gateway of class `istio-waypoint`, run by
+//! pilot-agent with Envoy 1.40 in its own pod), an HTTPRoute splitting `web` 90/10 between two
+//! versions, an L7 AuthorizationPolicy refusing `GET /admin`, and the waypoint's request stats.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec};
+use mesh_e2e::waypoint::Waypoint;
+use mesh_testutil::{http_request, HttpApp};
+
+use super::{step, until};
+
+const WEB_PORT: u16 = 9080;
+const WEB_VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 30);
+
+fn web_service(name: &str, vip: &str, selector: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: demo\n  labels:\n    istio.io/use-waypoint: waypoint\nspec:\n  clusterIP: {vip}\n  selector: {{{selector}}}\n  ports:\n  - name: http\n    port: 80\n    targetPort: {WEB_PORT}\n"
+    )
+}
+
+const GATEWAY: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: waypoint\n  namespace: demo\nspec:\n  gatewayClassName: istio-waypoint\n  listeners:\n  - name: mesh\n    port: 15008\n    protocol: HBONE\n";
+
+const WAYPOINT_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: waypoint\n  namespace: demo\n  labels:\n    gateway.networking.k8s.io/gateway-name: waypoint\nspec:\n  clusterIP: 10.96.0.20\n  selector:\n    gateway.networking.k8s.io/gateway-name: waypoint\n  ports:\n  - name: mesh\n    port: 15008\n  - name: status-port\n    port: 15021\n";
+
+const SPLIT: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: web-split\n  namespace: demo\nspec:\n  parentRefs:\n  - group: \"\"\n    kind: Service\n    name: web\n    port: 80\n  rules:\n  - backendRefs:\n    - name: web-v1\n      port: 80\n      weight: 90\n    - name: web-v2\n      port: 80\n      weight: 10\n";
+
+const DENY_ADMIN: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-admin\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: web\n  action: DENY\n  rules:\n  - to:\n    - operation:\n        methods: [GET]\n        paths: [\"/admin*\"]\n";
+
+/// What the L7 part keeps running until the demo ends.
+pub struct L7 {
+    _waypoint: Waypoint,
+    _apps: Vec<HttpApp>,
+    pod: MeshPod,
+}
+
+impl L7 {
+    /// How to look at the waypoint while the demo is kept running.
+    pub fn explore(&self) {
+        let ns = self.pod.netns.name();
+        println!("  ip netns exec {ns} curl -s localhost:15000/config_dump | less   # the waypoint's Envoy");
+        println!("  ip netns exec {ns} curl -s localhost:15020/stats/prometheus | grep rbac");
+    }
+}
+
+fn get(client: &MeshPod, method: &str, path: &str) -> Option<(u16, String)> {
+    http_request(
+        &client.netns,
+        SocketAddr::from((WEB_VIP, 80)),
+        method,
+        path,
+        &[],
+        Duration::from_secs(5),
+    )
+    .map(|r| (r.status, r.body))
+}
+
+pub fn run(c: &mut MeshCluster, client: &MeshPod, servers: &[&MeshPod]) -> Result<L7, String> {
+    step("deploying a waypoint for namespace demo: Gateway `waypoint` (class istio-waypoint) and its pod, running `pilot-agent proxy waypoint` with Envoy 1.40");
+    c.objects().write("gateway-waypoint.yaml", GATEWAY);
+    c.objects().write("svc-waypoint.yaml", WAYPOINT_SERVICE);
+    c.objects().write(
+        "svc-web.yaml",
+        &format!(
+            "{}---\n{}---\n{}",
+            web_service("web", &WEB_VIP.to_string(), "app: server"),
+            web_service("web-v1", "10.96.0.31", "version: v1"),
+            web_service("web-v2", "10.96.0.32", "version: v2"),
+        ),
+    );
+    let pod = c
+        .add_pod(
+            PodSpec::new("demo", "waypoint-5c7d9", "node1", "waypoint")
+                .label("gateway.networking.k8s.io/gateway-name", "waypoint")
+                .label("istio.io/dataplane-mode", "none"),
+        )
+        .map_err(|e| e.to_string())?;
+    let mut apps = Vec::new();
+    for s in servers {
+        let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, WEB_PORT));
+        let version = s.spec.labels.get("version").cloned().unwrap_or_default();
+        apps.push(HttpApp::start(&s.netns, any, &version).map_err(|e| e.to_string())?);
+    }
+    let waypoint = Waypoint::start(&pod, &c.istiod, &[]);
+    waypoint.wait_ready(Duration::from_secs(30));
+    println!(
+        "  waypoint {} ready on 15021; Envoy rejected {} cluster and {} listener updates",
+        pod.ip,
+        waypoint.stat("cluster_manager.cds.update_rejected"),
+        waypoint.stat("listener_manager.lds.update_rejected")
+    );
+    println!("  services web, web-v1, web-v2 are labelled istio.io/use-waypoint=waypoint");
+
+    step("HTTPRoute web-split: 90% to web-v1, 10% to web-v2; demo/client sends 200 requests to web.demo");
+    c.objects().write("route-web-split.yaml", SPLIT);
+    until(|| waypoint.admin("/config_dump").contains("demo/web-split"));
+    let (mut v1, mut v2, mut failed) = (0, 0, 0);
+    for _ in 0..200 {
+        match get(client, "GET", "/") {
+            Some((200, b)) if b == "v1" => v1 += 1,
+            Some((200, b)) if b == "v2" => v2 += 1,
+            _ => failed += 1,
+        }
+    }
+    println!("  v1: {v1}, v2: {v2}, failed: {failed}");
+
+    step("L7 AuthorizationPolicy on the waypoint: DENY GET /admin* for service web");
+    c.objects().write("deny-admin.yaml", DENY_ADMIN);
+    until(|| get(client, "GET", "/admin").is_some_and(|(s, _)| s == 403));
+    for (method, path) in [
+        ("GET", "/admin"),
+        ("GET", "/api/orders"),
+        ("POST", "/admin"),
+    ] {
+        let answer = get(client, method, path)
+            .map_or_else(|| "no answer".to_string(), |(s, b)| format!("{s} {b}"));
+        println!("  {method:<4} {path:<12} -> {answer}");
+    }
+
+    step("the waypoint's request counters for web.demo (Envoy stats; Prometheus text on 15020)");
+    let stats = waypoint.admin("/stats?filter=web%5C.demo");
+    for line in stats.lines().filter(|l| {
+        l.starts_with("http.")
+            && (l.contains("downstream_rq_2xx")
+                || l.contains("downstream_rq_4xx")
+                || l.contains("rbac.denied")
+                || l.contains("rbac.allowed"))
+    }) {
+        println!("  {line}");
+    }
+    Ok(L7 {
+        _waypoint: waypoint,
+        _apps: apps,
+        pod,
+    })
+}
