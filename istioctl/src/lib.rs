@@ -8,5 +8,6 @@ pub mod http;
 pub mod precheck;
 pub mod render;
 pub mod table;
+pub mod waypoint;
 pub mod xds_dump;
 pub mod ztunnel_config;

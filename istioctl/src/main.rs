@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use istioctl::{analyze, csr, precheck, xds_dump, ztunnel_config};
+use istioctl::{analyze, csr, precheck, waypoint, xds_dump, ztunnel_config};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,6 +24,11 @@ enum Command {
     ZtunnelConfig {
         #[command(subcommand)]
         command: ztunnel_config::ZtunnelConfig,
+    },
+    /// Manage waypoints (in the local mode's objects directory).
+    Waypoint {
+        #[command(subcommand)]
+        command: waypoint::WaypointCommand,
     },
     /// Analyze a directory of Kubernetes/Istio YAML and print validation messages.
     Analyze(analyze::AnalyzeArgs),
@@ -64,6 +69,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Analyze(args) => Ok(analyze::run(&args)?),
+        Command::Waypoint { command } => {
+            let out = match command {
+                waypoint::WaypointCommand::Generate(a) => waypoint::gateway_yaml(&a)?,
+                waypoint::WaypointCommand::Apply(a) => waypoint::apply(&a)?,
+                waypoint::WaypointCommand::List(a) => waypoint::list(&a),
+                waypoint::WaypointCommand::Delete(a) => waypoint::delete(&a)?,
+            };
+            print!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Experimental { command } => match command {
             Experimental::XdsDump(args) => xds_dump::run(args).await.map(|()| ExitCode::SUCCESS),
             Experimental::Csr(args) => csr::run(args).await.map(|()| ExitCode::SUCCESS),

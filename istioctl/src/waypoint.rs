@@ -1,0 +1,473 @@
+//! `istioctl waypoint generate|apply|list|delete`, against the local mode's objects directory
+//! (the directory istiod watches, `--config-dir` / `ISTIOD_CONFIG_DIR`).
+//!
+//! `generate` prints the Gateway as Istio's istioctl does (class `istio-waypoint`, listener
+//! `mesh` on 15008/HBONE, `istio.io/waypoint-for` from `--for`); `apply` writes it to
+//! `waypoint-<namespace>-<name>.yaml` and, with `--enroll-namespace`, labels the namespace
+//! `istio.io/use-waypoint=<name>`; `list` shows the waypoints; `delete` removes the files
+//! `apply` wrote.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use mesh_api::{label, Gateway, Object, WAYPOINT_CLASS};
+
+use crate::table;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum WaypointCommand {
+    /// Print a waypoint Gateway.
+    Generate(GenerateArgs),
+    /// Create or update a waypoint Gateway in the objects directory.
+    Apply(ApplyArgs),
+    /// List the waypoints.
+    List(ListArgs),
+    /// Delete waypoints written by `apply`.
+    Delete(DeleteArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GenerateArgs {
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    #[arg(long, default_value = "waypoint")]
+    pub name: String,
+    /// Traffic the waypoint handles: service, workload, all or none.
+    #[arg(long = "for")]
+    pub for_: Option<String>,
+    /// The control-plane revision (`istio.io/rev`).
+    #[arg(short = 'r', long)]
+    pub revision: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub gateway: GenerateArgs,
+    /// Label the namespace `istio.io/use-waypoint=<name>`.
+    #[arg(long)]
+    pub enroll_namespace: bool,
+    /// Replace an existing `istio.io/use-waypoint` label of the namespace.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Wait for the waypoint to be programmed.
+    #[arg(long)]
+    pub wait: bool,
+    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
+    pub config_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
+    pub config_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DeleteArgs {
+    pub names: Vec<String>,
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    #[arg(long)]
+    pub all: bool,
+    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
+    pub config_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WaypointError {
+    #[error("invalid --for {0:?}: expected service, workload, all or none")]
+    BadFor(String),
+    #[error("the waypoint name \"none\" is reserved (istio.io/use-waypoint: none opts out)")]
+    ReservedName,
+    #[error(
+        "namespace {namespace} already uses waypoint {current:?}; pass --overwrite to replace it"
+    )]
+    LabelExists { namespace: String, current: String },
+    #[error("namespace {namespace} is defined in {file} together with other objects; add the label istio.io/use-waypoint: {name} there")]
+    SharedFile {
+        namespace: String,
+        file: String,
+        name: String,
+    },
+    #[error("--wait needs the waypoint controller to write the Gateway's Programmed condition, which this release does not have yet; check readiness on the waypoint pod's port 15021")]
+    WaitUnsupported,
+    #[error("waypoint {namespace}/{name} was not written by `istioctl waypoint apply` ({file}); remove it from that file")]
+    NotOurs {
+        namespace: String,
+        name: String,
+        file: String,
+    },
+    #[error("no waypoint {namespace}/{name}")]
+    NotFound { namespace: String, name: String },
+    #[error("give waypoint names or --all")]
+    NothingToDelete,
+    #[error("cannot write {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot encode {what}: {detail}")]
+    Encode { what: String, detail: String },
+}
+
+impl WaypointError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            WaypointError::BadFor(_) => "bad_for",
+            WaypointError::ReservedName => "reserved_name",
+            WaypointError::LabelExists { .. } => "label_exists",
+            WaypointError::SharedFile { .. } => "shared_file",
+            WaypointError::WaitUnsupported => "wait_unsupported",
+            WaypointError::NotOurs { .. } => "not_ours",
+            WaypointError::NotFound { .. } => "not_found",
+            WaypointError::NothingToDelete => "nothing_to_delete",
+            WaypointError::Io { .. } => "io",
+            WaypointError::Encode { .. } => "encode",
+        }
+    }
+}
+
+/// The Gateway `generate` prints and `apply` writes.
+pub fn gateway_yaml(args: &GenerateArgs) -> Result<String, WaypointError> {
+    if args.name == "none" {
+        return Err(WaypointError::ReservedName);
+    }
+    let mut labels = BTreeMap::new();
+    if let Some(f) = &args.for_ {
+        if !["service", "workload", "all", "none"].contains(&f.as_str()) {
+            return Err(WaypointError::BadFor(f.clone()));
+        }
+        labels.insert(label::WAYPOINT_FOR.to_string(), f.clone());
+    }
+    if let Some(rev) = &args.revision {
+        labels.insert(label::REV.to_string(), rev.clone());
+    }
+    let mut metadata = serde_json::json!({"name": args.name, "namespace": args.namespace});
+    if !labels.is_empty() {
+        metadata["labels"] = serde_json::json!(labels);
+    }
+    let gw = serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "Gateway",
+        "metadata": metadata,
+        "spec": {
+            "gatewayClassName": WAYPOINT_CLASS,
+            "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}],
+        },
+    });
+    serde_yaml::to_string(&gw).map_err(|e| WaypointError::Encode {
+        what: "the Gateway".into(),
+        detail: e.to_string(),
+    })
+}
+
+fn file_name(namespace: &str, name: &str) -> String {
+    format!("waypoint-{namespace}-{name}.yaml")
+}
+
+/// Writes `text` to `path` through a temporary file and a rename (istiod never reads half).
+fn write_atomic(path: &Path, text: &str) -> Result<(), WaypointError> {
+    let io = |source| WaypointError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let tmp = path.with_extension("yaml.tmp");
+    std::fs::File::create(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+pub fn apply(args: &ApplyArgs) -> Result<String, WaypointError> {
+    if args.wait {
+        return Err(WaypointError::WaitUnsupported);
+    }
+    let g = &args.gateway;
+    let yaml = gateway_yaml(g)?;
+    let mut out = String::new();
+    if args.enroll_namespace {
+        out.push_str(&enroll(args)?);
+    }
+    write_atomic(
+        &args.config_dir.join(file_name(&g.namespace, &g.name)),
+        &yaml,
+    )?;
+    out.push_str(&format!("waypoint {}/{} applied\n", g.namespace, g.name));
+    Ok(out)
+}
+
+/// Labels the namespace `istio.io/use-waypoint=<name>`, writing its file back.
+fn enroll(args: &ApplyArgs) -> Result<String, WaypointError> {
+    let g = &args.gateway;
+    let (objects, _) = mesh_source::load_directory(&args.config_dir);
+    let found = objects.iter().find_map(|(path, o)| match &**o {
+        Object::Namespace(ns) if ns.metadata.name.as_deref() == Some(g.namespace.as_str()) => {
+            Some((path.clone(), (**ns).clone()))
+        }
+        _ => None,
+    });
+    let mut note = String::new();
+    let (path, mut ns) = match found {
+        Some((path, ns)) => {
+            let shared = objects.iter().filter(|(p, _)| *p == path).count() > 1;
+            if shared {
+                return Err(WaypointError::SharedFile {
+                    namespace: g.namespace.clone(),
+                    file: path.display().to_string(),
+                    name: g.name.clone(),
+                });
+            }
+            (path, ns)
+        }
+        None => {
+            let mut ns = mesh_api::Namespace::default();
+            ns.metadata.name = Some(g.namespace.clone());
+            (
+                args.config_dir
+                    .join(format!("namespace-{}.yaml", g.namespace)),
+                ns,
+            )
+        }
+    };
+    let labels = ns.metadata.labels.get_or_insert_with(BTreeMap::new);
+    if let Some(current) = labels.get(label::USE_WAYPOINT) {
+        if current != &g.name && !args.overwrite {
+            return Err(WaypointError::LabelExists {
+                namespace: g.namespace.clone(),
+                current: current.clone(),
+            });
+        }
+    }
+    if labels.get(label::DATAPLANE_MODE).map(String::as_str) != Some(label::DATAPLANE_MODE_AMBIENT)
+    {
+        note.push_str(&format!(
+            "warning: namespace {} is not enrolled in ambient (label {}={}); its pods' traffic does not reach the waypoint until it is\n",
+            g.namespace,
+            label::DATAPLANE_MODE,
+            label::DATAPLANE_MODE_AMBIENT
+        ));
+    }
+    labels.insert(label::USE_WAYPOINT.to_string(), g.name.clone());
+    let mut value = serde_json::to_value(&ns).map_err(|e| WaypointError::Encode {
+        what: format!("namespace {}", g.namespace),
+        detail: e.to_string(),
+    })?;
+    value["apiVersion"] = "v1".into();
+    value["kind"] = "Namespace".into();
+    let yaml = serde_yaml::to_string(&value).map_err(|e| WaypointError::Encode {
+        what: format!("namespace {}", g.namespace),
+        detail: e.to_string(),
+    })?;
+    write_atomic(&path, &yaml)?;
+    note.push_str(&format!(
+        "namespace {} labeled with \"{}: {}\"\n",
+        g.namespace,
+        label::USE_WAYPOINT,
+        g.name
+    ));
+    Ok(note)
+}
+
+fn waypoints(dir: &Path) -> Vec<(PathBuf, Gateway)> {
+    let (objects, _) = mesh_source::load_directory(dir);
+    objects
+        .into_iter()
+        .filter_map(|(path, o)| match &*o {
+            Object::Gateway(g) if g.spec.gateway_class_name == WAYPOINT_CLASS => {
+                Some((path, (**g).clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn list(args: &ListArgs) -> String {
+    let mut rows = Vec::new();
+    for (_, g) in waypoints(&args.config_dir) {
+        let ns = g
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        if !args.all_namespaces && ns != args.namespace {
+            continue;
+        }
+        let labels = g.metadata.labels.clone().unwrap_or_default();
+        let programmed = g
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Programmed"))
+            .map_or("False".to_string(), |c| c.status.clone());
+        let mut row = vec![
+            g.metadata.name.clone().unwrap_or_default(),
+            labels
+                .get(label::REV)
+                .cloned()
+                .unwrap_or_else(|| "default".into()),
+            labels
+                .get(label::WAYPOINT_FOR)
+                .cloned()
+                .unwrap_or_else(|| "service".into()),
+            programmed,
+        ];
+        if args.all_namespaces {
+            row.insert(0, ns);
+        }
+        rows.push(row);
+    }
+    if rows.is_empty() {
+        return if args.all_namespaces {
+            "No waypoints found.\n".to_string()
+        } else {
+            format!("No waypoints found in namespace {}.\n", args.namespace)
+        };
+    }
+    let header: &[&str] = if args.all_namespaces {
+        &[
+            "NAMESPACE",
+            "NAME",
+            "REVISION",
+            "TRAFFIC TYPE",
+            "PROGRAMMED",
+        ]
+    } else {
+        &["NAME", "REVISION", "TRAFFIC TYPE", "PROGRAMMED"]
+    };
+    table::render(header, &rows, 1)
+}
+
+pub fn delete(args: &DeleteArgs) -> Result<String, WaypointError> {
+    let found: Vec<(PathBuf, Gateway)> = waypoints(&args.config_dir)
+        .into_iter()
+        .filter(|(_, g)| g.metadata.namespace.as_deref().unwrap_or("default") == args.namespace)
+        .collect();
+    let names: Vec<String> = if args.all {
+        found
+            .iter()
+            .filter_map(|(_, g)| g.metadata.name.clone())
+            .collect()
+    } else if args.names.is_empty() {
+        return Err(WaypointError::NothingToDelete);
+    } else {
+        args.names.clone()
+    };
+    let mut out = String::new();
+    for name in names {
+        let Some((path, _)) = found
+            .iter()
+            .find(|(_, g)| g.metadata.name.as_deref() == Some(name.as_str()))
+        else {
+            return Err(WaypointError::NotFound {
+                namespace: args.namespace.clone(),
+                name,
+            });
+        };
+        if path.file_name().and_then(|f| f.to_str())
+            != Some(file_name(&args.namespace, &name).as_str())
+        {
+            return Err(WaypointError::NotOurs {
+                namespace: args.namespace.clone(),
+                name,
+                file: path.display().to_string(),
+            });
+        }
+        std::fs::remove_file(path).map_err(|source| WaypointError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        out.push_str(&format!("waypoint {}/{name} deleted\n", args.namespace));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gen(ns: &str, name: &str, for_: Option<&str>) -> GenerateArgs {
+        GenerateArgs {
+            namespace: ns.into(),
+            name: name.into(),
+            for_: for_.map(str::to_string),
+            revision: None,
+        }
+    }
+
+    #[test]
+    fn generates_istios_waypoint_gateway() {
+        let y = gateway_yaml(&gen("shop", "waypoint", Some("all"))).expect("yaml");
+        let v: serde_json::Value = serde_yaml::from_str(&y).expect("parses");
+        assert_eq!(v["spec"]["gatewayClassName"], "istio-waypoint");
+        assert_eq!(
+            v["spec"]["listeners"][0],
+            serde_json::json!({"name": "mesh", "port": 15008, "protocol": "HBONE"})
+        );
+        assert_eq!(v["metadata"]["labels"]["istio.io/waypoint-for"], "all");
+        assert!(matches!(
+            gateway_yaml(&gen("shop", "none", None)),
+            Err(WaypointError::ReservedName)
+        ));
+        assert!(matches!(
+            gateway_yaml(&gen("shop", "w", Some("pods"))),
+            Err(WaypointError::BadFor(_))
+        ));
+    }
+
+    #[test]
+    fn apply_enroll_list_delete_in_a_directory() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(
+            dir.path().join("ns.yaml"),
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n  labels:\n    istio.io/dataplane-mode: ambient\n",
+        )
+        .expect("ns");
+        let apply_args = |overwrite: bool, name: &str| ApplyArgs {
+            gateway: gen("shop", name, None),
+            enroll_namespace: true,
+            overwrite,
+            wait: false,
+            config_dir: dir.path().to_path_buf(),
+        };
+        let out = apply(&apply_args(false, "waypoint")).expect("apply");
+        assert!(out.contains("labeled") && !out.contains("warning"), "{out}");
+        let ns = std::fs::read_to_string(dir.path().join("ns.yaml")).expect("ns");
+        assert!(
+            ns.contains("istio.io/use-waypoint: waypoint")
+                && ns.contains("dataplane-mode: ambient"),
+            "{ns}"
+        );
+        // The result decodes as the objects istiod reads.
+        let (objects, errors) = mesh_source::load_directory(dir.path());
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(objects.len(), 2);
+        let listing = list(&ListArgs {
+            namespace: "shop".into(),
+            all_namespaces: false,
+            config_dir: dir.path().to_path_buf(),
+        });
+        assert_eq!(
+            listing,
+            "NAME     REVISION TRAFFIC TYPE PROGRAMMED\nwaypoint default  service      False\n"
+        );
+        // A second waypoint needs --overwrite to take over the namespace.
+        let err = apply(&apply_args(false, "other")).expect_err("label exists");
+        assert_eq!(err.reason(), "label_exists");
+        apply(&apply_args(true, "other")).expect("overwrite");
+        let del = delete(&DeleteArgs {
+            names: vec![],
+            namespace: "shop".into(),
+            all: true,
+            config_dir: dir.path().to_path_buf(),
+        })
+        .expect("delete");
+        assert_eq!(del.lines().count(), 2, "{del}");
+        assert_eq!(waypoints(dir.path()).len(), 0);
+    }
+}
