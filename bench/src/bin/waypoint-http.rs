@@ -26,6 +26,9 @@ struct Args {
     /// Requests per second for the latency run.
     #[arg(long, default_value_t = 1000)]
     rate: u32,
+    /// Envoy worker threads of the waypoint (pilot-agent `concurrency`).
+    #[arg(long, default_value_t = 2)]
+    envoy_concurrency: u32,
     /// Short run (2 s per measurement).
     #[arg(long)]
     quick: bool,
@@ -267,7 +270,12 @@ fn main() -> anyhow::Result<()> {
         HttpApp::start(&wp_server.netns, any, &body)?,
         HttpApp::start(&wp_v2.netns, any, "v2")?,
     ];
-    let waypoint = Waypoint::start(&wp_pod, &c.istiod, &[]);
+    let proxy_config = format!(
+        "{{\"discoveryAddress\":\"{}:15012\",\"concurrency\":{}}}",
+        c.istiod.ip(),
+        args.envoy_concurrency
+    );
+    let waypoint = Waypoint::start(&wp_pod, &c.istiod, &[("PROXY_CONFIG", &proxy_config)]);
     waypoint.wait_ready(Duration::from_secs(30));
     let agent = waypoint
         .pid()
@@ -355,7 +363,7 @@ fn main() -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(300));
     }
 
-    println!("\nwaypoint HTTP benchmark: {BODY} B responses, HTTP/1.1 keep-alive, {} s per figure, saturation with {} connections, latency at {} rps\n", dur.as_secs(), args.connections, args.rate);
+    println!("\nwaypoint HTTP benchmark: {BODY} B responses, HTTP/1.1 keep-alive, {} s per figure, saturation with {} connections, latency at {} rps, Envoy concurrency {}\n", dur.as_secs(), args.connections, args.rate, args.envoy_concurrency);
     println!(
         "| path | requests/s (saturated) | p50 at {} rps | p99 at {} rps | samples |",
         args.rate, args.rate
