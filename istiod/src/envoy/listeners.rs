@@ -220,12 +220,24 @@ fn main_internal(inputs: &WaypointInputs, routes: &[ServiceRoutes]) -> Listener 
         for port in &svc.ports {
             let cluster = names::vip_cluster(port.port, port.protocol.family(), &svc.hostname);
             let filter = match (port.protocol, svc_routes.by_port.get(&port.port)) {
-                (Protocol::Tcp, _) | (_, None) => tcp_chain_filter(&cluster),
-                (_, Some(rc)) => http_chain_filter(&cluster, rc.clone(), &svc_routes.rbac),
+                (Protocol::Tcp, _) | (_, None) => None,
+                (_, Some(rc)) => Some(http_chain_filter(&cluster, rc.clone(), &svc_routes.rbac)),
+            };
+            let filters = match filter {
+                Some(hcm) => vec![hcm],
+                None => {
+                    let mut f: Vec<Filter> = svc_routes
+                        .rbac_tcp
+                        .iter()
+                        .map(|(name, config)| network_filter(name, pack(config)))
+                        .collect();
+                    f.push(tcp_chain_filter(&cluster));
+                    f
+                }
             };
             chains.push(FilterChain {
                 name: cluster.clone(),
-                filters: vec![filter],
+                filters,
                 ..FilterChain::default()
             });
             for vip in &svc.vips {

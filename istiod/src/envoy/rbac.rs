@@ -21,6 +21,7 @@ use mesh_proto::envoy::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier, HeaderMatcher,
 };
 use mesh_proto::envoy::pb::envoy::extensions::filters::http::rbac::v3::Rbac as RbacFilter;
+use mesh_proto::envoy::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 use mesh_proto::envoy::pb::envoy::r#type::matcher::v3::{
     filter_state_matcher, path_matcher, string_matcher::MatchPattern, FilterStateMatcher,
     PathMatcher, RegexMatcher, StringMatcher,
@@ -58,11 +59,21 @@ impl PolicyError {
     }
 }
 
-/// The RBAC filters (DENY, ALLOW, AUDIT, in that order) for a chain with `policies`.
+/// Which chains the rules are for: HTTP chains check every field; TCP chains (Envoy's network
+/// RBAC filter) see no requests, so HTTP fields there fail closed like unsupported ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layer {
+    Http,
+    Tcp,
+}
+
+/// The RBAC rules (DENY, ALLOW, AUDIT, in that order, with their filter-name suffix) for a
+/// chain with `policies`.
 pub fn filters(
     policies: &[WaypointPolicy],
+    layer: Layer,
     errors: &mut Vec<PolicyError>,
-) -> Vec<(String, RbacFilter)> {
+) -> Vec<(&'static str, Rbac)> {
     let mut by_action: BTreeMap<u8, BTreeMap<String, Policy>> = BTreeMap::new();
     for p in policies {
         let (order, allow) = match p.policy.spec.action {
@@ -83,6 +94,7 @@ pub fn filters(
         let mut conv = Converter {
             policy: &p.key,
             allow,
+            layer,
             errors: &mut *errors,
         };
         let rules = p.policy.spec.rules.as_deref().unwrap_or_default();
@@ -111,15 +123,47 @@ pub fn filters(
                 1 => (Action::Allow, "allow"),
                 _ => (Action::Log, "audit"),
             };
+            let rules = Rbac {
+                action: action as i32,
+                policies: policies.into_iter().collect(),
+                ..Rbac::default()
+            };
+            (label, rules)
+        })
+        .collect()
+}
+
+/// The HTTP RBAC filters of an HTTP chain: (filter name, config).
+pub fn http_filters(
+    policies: &[WaypointPolicy],
+    errors: &mut Vec<PolicyError>,
+) -> Vec<(String, RbacFilter)> {
+    filters(policies, Layer::Http, errors)
+        .into_iter()
+        .map(|(label, rules)| {
             let filter = RbacFilter {
-                rules: Some(Rbac {
-                    action: action as i32,
-                    policies: policies.into_iter().collect(),
-                    ..Rbac::default()
-                }),
+                rules: Some(rules),
                 ..RbacFilter::default()
             };
             (format!("envoy.filters.http.rbac.{label}"), filter)
+        })
+        .collect()
+}
+
+/// The network RBAC filters of a TCP chain: (filter name, config).
+pub fn tcp_filters(
+    policies: &[WaypointPolicy],
+    errors: &mut Vec<PolicyError>,
+) -> Vec<(String, NetworkRbac)> {
+    filters(policies, Layer::Tcp, errors)
+        .into_iter()
+        .map(|(label, rules)| {
+            let filter = NetworkRbac {
+                rules: Some(rules),
+                stat_prefix: "tcp.".to_string(),
+                ..NetworkRbac::default()
+            };
+            (format!("envoy.filters.network.rbac.{label}"), filter)
         })
         .collect()
 }
@@ -135,6 +179,7 @@ fn name(key: &str) -> &str {
 struct Converter<'a> {
     policy: &'a str,
     allow: bool,
+    layer: Layer,
     errors: &'a mut Vec<PolicyError>,
 }
 
@@ -294,7 +339,41 @@ impl Converter<'_> {
         }
     }
 
-    fn operation(&mut self, _path: &str, o: &Operation) -> Part<Permission> {
+    fn operation(&mut self, path: &str, o: &Operation) -> Part<Permission> {
+        if self.layer == Layer::Tcp {
+            let http = [
+                ("methods", &o.methods),
+                ("notMethods", &o.not_methods),
+                ("paths", &o.paths),
+                ("notPaths", &o.not_paths),
+                ("hosts", &o.hosts),
+                ("notHosts", &o.not_hosts),
+            ];
+            for (field, values) in http {
+                if !values.is_empty() {
+                    if let Part::Never = self.unsupported::<()>(format!(
+                        "{path}.{field} on a TCP port (HTTP attributes cannot be checked there)"
+                    )) {
+                        return Part::Never;
+                    }
+                }
+            }
+        }
+        for (field, values) in [("ports", &o.ports), ("notPorts", &o.not_ports)] {
+            for v in values.iter().filter(|v| v.parse::<u16>().is_err()) {
+                let effect = self.effect();
+                self.errors.push(PolicyError::Invalid {
+                    policy: self.policy.to_string(),
+                    field: format!("{path}.{field}"),
+                    value: v.clone(),
+                    effect,
+                });
+                if self.allow {
+                    return Part::Never;
+                }
+            }
+        }
+        let tcp = self.layer == Layer::Tcp;
         let mut parts = Vec::new();
         let mut add = |values: &[String], not: bool, f: &dyn Fn(&str) -> Option<Permission>| {
             let list: Vec<Permission> = values.iter().filter_map(|v| f(v)).collect();
@@ -310,7 +389,7 @@ impl Converter<'_> {
                 MatchPattern::Exact(v.to_string()),
             ))
         };
-        let path = |v: &str| {
+        let url_path = |v: &str| {
             Some(Permission {
                 rule: Some(permission::Rule::UrlPath(PathMatcher {
                     rule: Some(path_matcher::Rule::Path(string_matcher(glob(v)))),
@@ -318,8 +397,11 @@ impl Converter<'_> {
             })
         };
         let host = |v: &str| {
-            let mut m = string_matcher(glob(v));
-            m.ignore_case = true;
+            let pattern = glob(v);
+            let regex = matches!(pattern, MatchPattern::SafeRegex(_));
+            let mut m = string_matcher(pattern);
+            // Envoy refuses ignore_case on a regex; `*` (any host) needs no case folding.
+            m.ignore_case = !regex;
             Some(Permission {
                 rule: Some(permission::Rule::Header(HeaderMatcher {
                     name: ":authority".into(),
@@ -333,12 +415,14 @@ impl Converter<'_> {
                 rule: Some(permission::Rule::DestinationPort(u32::from(p))),
             })
         };
-        add(&o.methods, false, &method);
-        add(&o.not_methods, true, &method);
-        add(&o.paths, false, &path);
-        add(&o.not_paths, true, &path);
-        add(&o.hosts, false, &host);
-        add(&o.not_hosts, true, &host);
+        if !tcp {
+            add(&o.methods, false, &method);
+            add(&o.not_methods, true, &method);
+            add(&o.paths, false, &url_path);
+            add(&o.not_paths, true, &url_path);
+            add(&o.hosts, false, &host);
+            add(&o.not_hosts, true, &host);
+        }
         add(&o.ports, false, &port);
         add(&o.not_ports, true, &port);
         if parts.is_empty() {
@@ -372,6 +456,11 @@ impl Converter<'_> {
                 peer_principal(namespace_pattern(v))
             })));
         }
+        if key.starts_with("request.") && self.layer == Layer::Tcp {
+            return self.unsupported(format!(
+                "{path}.key {key:?} on a TCP port (HTTP attributes cannot be checked there)"
+            ));
+        }
         if let Some(header) = key
             .strip_prefix("request.headers[")
             .and_then(|h| h.strip_suffix(']'))
@@ -390,15 +479,40 @@ impl Converter<'_> {
             return Part::Match(Cond::Permission(and_permission(p)));
         }
         if key == "destination.port" {
-            let ports: Vec<Permission> = c
-                .values
-                .iter()
-                .filter_map(|v| v.parse::<u16>().ok())
-                .map(|p| Permission {
-                    rule: Some(permission::Rule::DestinationPort(u32::from(p))),
-                })
-                .collect();
-            return Part::Match(Cond::Permission(or_permission(ports)));
+            let mut ports = |values: &[String]| -> Option<Vec<Permission>> {
+                let mut out = Vec::new();
+                for v in values {
+                    match v.parse::<u16>() {
+                        Ok(p) => out.push(Permission {
+                            rule: Some(permission::Rule::DestinationPort(u32::from(p))),
+                        }),
+                        Err(_) => {
+                            let effect = self.effect();
+                            self.errors.push(PolicyError::Invalid {
+                                policy: self.policy.to_string(),
+                                field: format!("{path}.values"),
+                                value: v.clone(),
+                                effect,
+                            });
+                            if self.allow {
+                                return None;
+                            }
+                        }
+                    }
+                }
+                Some(out)
+            };
+            let (Some(yes), Some(no)) = (ports(&c.values), ports(&c.not_values)) else {
+                return Part::Never;
+            };
+            let mut p = Vec::new();
+            if !yes.is_empty() {
+                p.push(or_permission(yes));
+            }
+            if !no.is_empty() {
+                p.push(not_permission(or_permission(no)));
+            }
+            return Part::Match(Cond::Permission(and_permission(p)));
         }
         self.unsupported(format!("{path}.key {key:?}"))
     }

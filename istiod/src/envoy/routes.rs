@@ -91,6 +91,11 @@ pub struct ServiceRoutes {
         String,
         mesh_proto::envoy::pb::envoy::extensions::filters::http::rbac::v3::Rbac,
     )>,
+    /// The network RBAC filters for the service's TCP ports.
+    pub rbac_tcp: Vec<(
+        String,
+        mesh_proto::envoy::pb::envoy::extensions::filters::network::rbac::v3::Rbac,
+    )>,
 }
 
 impl ServiceRoutes {
@@ -101,8 +106,20 @@ impl ServiceRoutes {
     ) -> ServiceRoutes {
         let mut by_port = BTreeMap::new();
         let mut policy_errors = Vec::new();
-        let rbac = super::rbac::filters(&svc.policies, &mut policy_errors);
-        errors.extend(policy_errors.into_iter().map(RouteError::Policy));
+        let rbac = super::rbac::http_filters(&svc.policies, &mut policy_errors);
+        let rbac_tcp = if svc.ports.iter().any(|p| p.protocol == Protocol::Tcp) {
+            super::rbac::tcp_filters(&svc.policies, &mut policy_errors)
+        } else {
+            Vec::new()
+        };
+        // Problems not specific to a layer show up in both conversions: report each once.
+        let mut seen = Vec::new();
+        for e in policy_errors {
+            if !seen.contains(&e) {
+                seen.push(e);
+            }
+        }
+        errors.extend(seen.into_iter().map(RouteError::Policy));
         for port in svc.ports.iter().filter(|p| p.protocol != Protocol::Tcp) {
             let cluster = names::vip_cluster(port.port, port.protocol.family(), &svc.hostname);
             let attached: Vec<&HttpRoute> = svc
@@ -138,7 +155,11 @@ impl ServiceRoutes {
                 },
             );
         }
-        ServiceRoutes { by_port, rbac }
+        ServiceRoutes {
+            by_port,
+            rbac,
+            rbac_tcp,
+        }
     }
 }
 

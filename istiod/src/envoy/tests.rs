@@ -98,6 +98,15 @@ fn policy(yaml: &str) -> WaypointPolicy {
     }
 }
 
+/// The sample policies use HTTP fields; on the TCP port they can only be reported (the DENY
+/// applies without them, the ALLOW rule never matches).
+fn only_tcp_layer_errors(res: &ProxyResources) {
+    assert!(!res.errors.is_empty());
+    for e in &res.errors {
+        assert!(e.to_string().contains("on a TCP port"), "{e}");
+    }
+}
+
 /// The HTTP filter names of one `main_internal` chain.
 fn http_filter_names(res: &ProxyResources, chain: &str) -> Vec<String> {
     chain_hcm(res, chain)
@@ -110,13 +119,33 @@ fn http_filter_names(res: &ProxyResources, chain: &str) -> Vec<String> {
 #[test]
 fn policies_become_deny_then_allow_rbac_filters() {
     let res = generate_waypoint(&inputs(), 1);
-    assert!(res.errors.is_empty(), "{:?}", res.errors);
+    only_tcp_layer_errors(&res);
     assert_eq!(
         http_filter_names(&res, "inbound-vip|80|http|echo.shop.svc.cluster.local"),
         [
             "envoy.filters.http.rbac.deny",
             "envoy.filters.http.rbac.allow",
             "envoy.filters.http.router"
+        ]
+    );
+    // The TCP port gets network RBAC in front of its TCP proxy.
+    let listeners: Vec<Listener> = decode(&res, type_url::LISTENER);
+    let main = listeners
+        .iter()
+        .find(|l| l.name == "main_internal")
+        .expect("main_internal");
+    let tcp = main
+        .filter_chains
+        .iter()
+        .find(|c| c.name == "inbound-vip|9000|tcp|echo.shop.svc.cluster.local")
+        .expect("tcp chain");
+    let names: Vec<&str> = tcp.filters.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.filters.network.rbac.deny",
+            "envoy.filters.network.rbac.allow",
+            "envoy.filters.network.tcp_proxy"
         ]
     );
     // Services without policies get no RBAC filter.
@@ -152,6 +181,10 @@ spec:
     ];
     let res = generate_waypoint(&inp, 1);
     let text: Vec<String> = res.errors.iter().map(ToString::to_string).collect();
+    let text: Vec<String> = text
+        .into_iter()
+        .filter(|t| !t.contains("on a TCP port"))
+        .collect();
     assert_eq!(text.len(), 4, "{text:#?}");
     assert!(
         text[0].contains("shop/jwt")
@@ -203,7 +236,7 @@ fn decode<M: Message + Default>(res: &ProxyResources, type_url: &str) -> Vec<M> 
 #[test]
 fn waypoint_has_istiods_listener_and_cluster_names() {
     let res = generate_waypoint(&inputs(), 1);
-    assert!(res.errors.is_empty(), "{:?}", res.errors);
+    only_tcp_layer_errors(&res);
     let listeners: Vec<String> = res
         .get(type_url::LISTENER)
         .expect("lds")
@@ -331,6 +364,7 @@ spec:
     backendRefs: [{name: missing, port: 80}]
 "#,
     )];
+    inp.services[0].policies.clear();
     let res = generate_waypoint(&inp, 1);
     let reasons: Vec<&str> = res.errors.iter().map(RouteError::reason).collect();
     assert_eq!(
@@ -356,6 +390,40 @@ spec:
     );
     assert!(dump.contains("status: 500"));
     assert!(!dump.contains("(unclosed"));
+}
+
+#[test]
+fn policy_values_that_would_widen_an_allow_fail_closed() {
+    let mut inp = inputs();
+    inp.services[0].policies = vec![policy(
+        r#"
+metadata: {name: ports, namespace: shop}
+spec:
+  targetRefs: [{kind: Service, name: echo}]
+  rules:
+  - to: [{operation: {ports: ["http"]}}]
+  - when: [{key: destination.port, notValues: ["8080"]}]
+  - to: [{operation: {hosts: ["*"]}}]
+"#,
+    )];
+    let res = generate_waypoint(&inp, 1);
+    let text: Vec<String> = res.errors.iter().map(ToString::to_string).collect();
+    assert!(
+        text.iter()
+            .any(|t| t.contains("ports") && t.contains("\"http\"") && t.contains("never matches")),
+        "{text:#?}"
+    );
+    // notValues is a negation, not dropped: the rule says "not port 8080".
+    let dump = format!(
+        "{:?}",
+        http_filter_names(&res, "inbound-vip|80|http|echo.shop.svc.cluster.local")
+    );
+    assert!(dump.contains("rbac.allow"), "{dump}");
+    let listeners = format!(
+        "{:?}",
+        chain_hcm(&res, "inbound-vip|80|http|echo.shop.svc.cluster.local").http_filters
+    );
+    assert!(!listeners.is_empty());
 }
 
 #[test]

@@ -144,6 +144,8 @@ impl WaypointIndex {
                     }
                 }
             }
+            // Port names and appProtocol decide HTTP or TCP chains but are not all in WDS.
+            Kind::Service | Kind::ServiceEntry => self.mark_service(&key.namespace, &key.name),
             Kind::AuthorizationPolicy => {
                 for obj in [old, new].into_iter().flatten() {
                     let Object::AuthorizationPolicy(p) = obj else {
