@@ -1,5 +1,5 @@
 //! In-pod traffic capture: the rules that send a pod's TCP into ztunnel's in-pod listeners
-//! (COMPAT.md section 2), behind one trait so nftables and eBPF are interchangeable.
+//! (docs/compatibility.md, enrollment and in-pod capture), behind one trait so nftables and eBPF are interchangeable.
 
 use std::net::IpAddr;
 use std::path::PathBuf;

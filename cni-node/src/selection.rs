@@ -1,4 +1,4 @@
-//! Which pods are enrolled in the ambient mesh (COMPAT 2, fact 6): a pure function of the
+//! Which pods are enrolled in the ambient mesh (docs/compatibility.md, enrollment): a pure function of the
 //! Pod, its Namespace and the agent's configuration.
 //!
 //! Enrolled: pod label `istio.io/dataplane-mode=ambient`, or namespace label

@@ -1,4 +1,4 @@
-//! The ZDS server: the node agent's side of the ztunnel <-> istio-cni protocol (COMPAT 1.4).
+//! The ZDS server: the node agent's side of the ztunnel <-> istio-cni protocol (docs/compatibility.md, ZDS).
 //!
 //! The agent listens on a `SOCK_SEQPACKET` unix socket ([`DEFAULT_ZDS_SOCKET`]); ztunnel
 //! connects and sends `ZdsHello{V1}` (anything else is logged and that connection closed).

@@ -1,4 +1,4 @@
-//! eBPF in-pod traffic capture, the alternative to istio-cni's nftables rules (COMPAT §2):
+//! eBPF in-pod traffic capture, the alternative to istio-cni's nftables rules (docs/compatibility.md, in-pod capture):
 //! the same connections reach ztunnel's in-pod listeners, without netfilter or NAT.
 //!
 //! # How

@@ -1,5 +1,5 @@
 //! ztunnel's configuration, read from environment variables with Istio's names and defaults
-//! (upstream ztunnel `src/config.rs`, COMPAT §1.1).
+//! (upstream ztunnel `src/config.rs`, docs/compatibility.md, process model and defaults).
 //!
 //! [`Config::from_env`] reads the process environment; [`Config::from_vars`] reads any list of
 //! `(name, value)` pairs so that tests never touch the process environment. Every bad value is

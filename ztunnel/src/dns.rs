@@ -1,4 +1,4 @@
-//! The in-pod DNS proxy (port 15053, UDP and TCP; COMPAT fact 1).
+//! The in-pod DNS proxy (port 15053, UDP and TCP; docs/compatibility.md, ports).
 //!
 //! The pod's DNS traffic is redirected here when DNS capture is on. Names ztunnel knows --
 //! services by hostname (Kubernetes services and ServiceEntry hosts, wildcards included),

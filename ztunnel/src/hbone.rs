@@ -1,5 +1,5 @@
 //! HBONE: HTTP/2 `CONNECT` tunnels over mutual TLS 1.3 (ALPN `h2`), the mesh's data-plane
-//! transport (COMPAT "ten facts" 2 and §1.2).
+//! transport (docs/compatibility.md, HBONE).
 //!
 //! - [`server`]: terminates TLS with a caller-supplied rustls `ServerConfig` (client certificate
 //!   required), reads the peer's SPIFFE identity, serves HTTP/2 and, per `CONNECT`, asks a

@@ -1,4 +1,4 @@
-//! ztunnel's connection metrics and access log, with Istio's names and labels (COMPAT 1.8).
+//! ztunnel's connection metrics and access log, with Istio's names and labels (docs/compatibility.md, metrics).
 //!
 //! - [`Metrics`]: `istio_tcp_connections_opened_total`, `istio_tcp_connections_closed_total`,
 //!   `istio_tcp_received_bytes_total`, `istio_tcp_sent_bytes_total`,

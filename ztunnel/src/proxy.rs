@@ -5,7 +5,7 @@
 //!
 //! [`Proxy`] is the starter: per pod it accepts on
 //! - 15001 ([`outbound`]): original destination, source workload = the pod, route per
-//!   COMPAT 1.3, HBONE (pooled, dialed from the pod's netns) or plain TCP;
+//!   docs/compatibility.md (outbound routing), HBONE (pooled, dialed from the pod's netns) or plain TCP;
 //! - 15008 ([`inbound`]): TLS with the certificate of the workload owning the local IP, SPIFFE
 //!   client certificate required, RBAC per `CONNECT`, target dialed from the pod's netns;
 //! - 15006 ([`plaintext`]): RBAC with no identity (STRICT mTLS denies), then passthrough;

@@ -1,4 +1,4 @@
-//! Workload discovery: a delta ADS client against istiod (COMPAT fact 4, §1.5 "Client").
+//! Workload discovery: a delta ADS client against istiod (docs/compatibility.md, workload discovery).
 //!
 //! [`XdsClient`] wildcard-subscribes `istio.workload.Address` and `istio.security.Authorization`,
 //! hands every response to a [`Handler`] and ACKs it, or NACKs it naming the resources the

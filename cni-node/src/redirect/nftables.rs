@@ -1,4 +1,4 @@
-//! [`NftablesRedirector`]: istio-cni's in-pod nftables capture (COMPAT §2; tables
+//! [`NftablesRedirector`]: istio-cni's in-pod nftables capture (docs/compatibility.md, in-pod capture; tables
 //! `inet istio-ambient-{nat,mangle,raw}`), programmed over netlink from a thread inside the
 //! pod's netns: one nftables transaction for the three tables, then the fwmark rule and the
 //! table-100 route over rtnetlink.

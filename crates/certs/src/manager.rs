@@ -16,7 +16,7 @@ use mesh_identity::tls::parse_certs;
 use super::der::{cert_info, rfc3339};
 use super::{CaClient, CertError, WorkloadCert};
 
-/// First retry delay after a failed request (COMPAT 1.7).
+/// First retry delay after a failed request (docs/compatibility.md, certificates).
 pub const DEFAULT_INITIAL_BACKOFF: Duration = Duration::from_millis(500);
 /// Retry delays double up to this.
 pub const DEFAULT_MAX_BACKOFF: Duration = Duration::from_secs(150);

@@ -114,7 +114,7 @@ pub enum ClientAuth {
 }
 
 /// The crypto provider used everywhere: ring, restricted to the suites Istio's ztunnel offers
-/// (COMPAT: TLS 1.3 with AES-256-GCM, then AES-128-GCM; no ChaCha20, which FIPS excludes).
+/// (docs/compatibility.md, TLS: TLS 1.3 with AES-256-GCM, then AES-128-GCM; no ChaCha20, which FIPS excludes).
 pub fn provider() -> Arc<CryptoProvider> {
     use rustls::crypto::ring::{cipher_suite, default_provider};
     Arc::new(CryptoProvider {

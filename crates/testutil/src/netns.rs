@@ -1,5 +1,5 @@
 //! Network-namespace topologies for e2e tests and benchmarks: nodes on an underlay bridge, pods
-//! behind their node, and the in-pod capture rules of istio-cni (COMPAT §2).
+//! behind their node, and the in-pod capture rules of istio-cni (docs/compatibility.md, in-pod capture).
 //!
 //! This is test tooling: it shells out to `ip` (iproute2) and `nft` (nftables) and needs root.
 //! The product code never does that.

@@ -1,4 +1,4 @@
-//! AuthorizationPolicy -> `istio.security.Authorization` (COMPAT 1.6, Istio's ambient
+//! AuthorizationPolicy -> `istio.security.Authorization` (docs/compatibility.md, L4 authorization; Istio's ambient
 //! conversion).
 //!
 //! Structure: each rule becomes one `Group`; its `to`, `from` and each `when` become one

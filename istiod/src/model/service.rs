@@ -1,4 +1,4 @@
-//! Service / ServiceEntry -> `istio.workload.Service` (COMPAT 1.5).
+//! Service / ServiceEntry -> `istio.workload.Service` (docs/compatibility.md, workload discovery).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -1,4 +1,4 @@
-//! Pod / WorkloadEntry / ServiceEntry endpoint -> `istio.workload.Workload` (COMPAT 1.5).
+//! Pod / WorkloadEntry / ServiceEntry endpoint -> `istio.workload.Workload` (docs/compatibility.md, workload discovery).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -1,4 +1,4 @@
-//! HBONE request headers (COMPAT 1.2): `baggage` describing the source workload, and the
+//! HBONE request headers (docs/compatibility.md, HBONE): `baggage` describing the source workload, and the
 //! original source in `forwarded: for="ip:port"[;host=<service>]`.
 
 use std::net::{IpAddr, SocketAddr};

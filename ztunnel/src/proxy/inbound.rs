@@ -245,7 +245,7 @@ impl InboundConnector {
         };
         let Decided { info, decision } = decided?;
         let record = ConnectionRecord::open(&self.ctx.inputs.metrics, info);
-        // The application sees the HBONE peer's IP (COMPAT 1.2), as upstream.
+        // The application sees the HBONE peer's IP (docs/compatibility.md, HBONE), as upstream.
         let source = req.peer_addr.ip();
         if !decision.is_allowed() {
             let reason = decision.to_string();

@@ -1,4 +1,4 @@
-//! Outbound routing (COMPAT 1.3), pure: given the state, the source workload and the original
+//! Outbound routing (docs/compatibility.md, outbound routing), pure: given the state, the source workload and the original
 //! destination, where the connection goes and how.
 //!
 //! 1. A service VIP: to the service's waypoint if it has one (`:authority` = `VIP:port`), else

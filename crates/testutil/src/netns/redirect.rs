@@ -1,4 +1,4 @@
-//! The in-pod capture rules istio-cni writes in ambient mode (COMPAT §2, the nftables flavour:
+//! The in-pod capture rules istio-cni writes in ambient mode (docs/compatibility.md, in-pod capture; the nftables flavour:
 //! tables `inet istio-ambient-{nat,mangle,raw}`), written into a test pod with `nft -f -`, plus
 //! the policy routing that goes with them.
 
