@@ -20,15 +20,7 @@ pub const READINESS_PORT: u16 = 15021;
 
 /// The Envoy binary the tests run (installed by scripts/install-deps.sh).
 pub fn envoy_path() -> PathBuf {
-    let path = std::env::var_os("ENVOY_PATH")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/opt/mesh-deps/envoy-1.40.0/envoy/_bin/envoy"));
-    assert!(
-        path.is_file(),
-        "Envoy is not at {}: run scripts/install-deps.sh (or set ENVOY_PATH)",
-        path.display()
-    );
-    path
+    mesh_testutil::envoy_path().expect("no Envoy: run scripts/install-deps.sh (or set ENVOY_PATH)")
 }
 
 pub struct Waypoint {

@@ -3,6 +3,7 @@
 //! (Fake CA, fake ADS and fake ZDS peers join this crate with the data plane.)
 
 mod cluster_dir;
+mod envoy;
 mod fake_ads;
 mod fake_ca;
 mod fake_zds;
@@ -13,6 +14,7 @@ mod objects;
 mod pki;
 
 pub use cluster_dir::ClusterDir;
+pub use envoy::{envoy_path, INSTALLED_ENVOY};
 pub use fake_ads::{FakeAds, FakeAdsError, RecordedDeltaRequest, RecordedDeltaResponse};
 pub use fake_ca::{FakeCa, FakeCaError, RecordedRequest, IMPERSONATED_IDENTITY};
 pub use fake_zds::{

@@ -454,24 +454,6 @@ fn gateway_api_durations() {
     }
 }
 
-/// The envoy binary: `ENVOY_PATH`, else `envoy` on PATH. In CI a missing Envoy fails the test.
-pub(crate) fn envoy_binary() -> Option<std::path::PathBuf> {
-    if let Some(p) = std::env::var_os("ENVOY_PATH").map(std::path::PathBuf::from) {
-        if p.exists() {
-            return Some(p);
-        }
-    }
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("envoy"))
-            .find(|p| p.exists())
-    });
-    if found.is_none() && std::env::var_os("CI").is_some() {
-        panic!("Envoy is required in CI: run scripts/install-deps.sh (ENVOY_PATH)");
-    }
-    found
-}
-
 /// A bootstrap holding the generated listeners and clusters as static resources (EDS clusters
 /// also as STATIC copies carrying their generated endpoints), in Envoy's binary format.
 fn validation_bootstrap(res: &ProxyResources) -> Vec<u8> {
@@ -559,7 +541,7 @@ fn validation_bootstrap(res: &ProxyResources) -> Vec<u8> {
 
 #[test]
 fn envoy_validates_the_generated_waypoint_config() {
-    let Some(envoy) = envoy_binary() else {
+    let Some(envoy) = mesh_testutil::envoy_path() else {
         eprintln!("skipping: no Envoy (set ENVOY_PATH); CI requires it");
         return;
     };
