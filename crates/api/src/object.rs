@@ -5,8 +5,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    ApiError, AuthorizationPolicy, Gateway, HttpRoute, Namespace, ObjectMeta, PeerAuthentication,
-    Pod, Service, ServiceEntry, WorkloadEntry,
+    ApiError, AuthorizationPolicy, Deployment, Gateway, HttpRoute, Namespace, ObjectMeta,
+    PeerAuthentication, Pod, Service, ServiceAccount, ServiceEntry, WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -21,11 +21,13 @@ pub enum Kind {
     PeerAuthentication,
     Gateway,
     HttpRoute,
+    Deployment,
+    ServiceAccount,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 11] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -35,6 +37,8 @@ impl Kind {
         Kind::PeerAuthentication,
         Kind::Gateway,
         Kind::HttpRoute,
+        Kind::Deployment,
+        Kind::ServiceAccount,
     ];
 
     /// The Kubernetes `kind` string.
@@ -49,13 +53,16 @@ impl Kind {
             Kind::PeerAuthentication => "PeerAuthentication",
             Kind::Gateway => "Gateway",
             Kind::HttpRoute => "HTTPRoute",
+            Kind::Deployment => "Deployment",
+            Kind::ServiceAccount => "ServiceAccount",
         }
     }
 
     /// API groups (without version) this kind is served under.
     fn group(self) -> &'static str {
         match self {
-            Kind::Namespace | Kind::Pod | Kind::Service => "",
+            Kind::Namespace | Kind::Pod | Kind::Service | Kind::ServiceAccount => "",
+            Kind::Deployment => "apps",
             Kind::ServiceEntry | Kind::WorkloadEntry => "networking.istio.io",
             Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
             Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io",
@@ -65,7 +72,7 @@ impl Kind {
     /// Versions accepted for this kind's group.
     fn versions(self) -> &'static [&'static str] {
         match self.group() {
-            "" => &["v1"],
+            "" | "apps" => &["v1"],
             "networking.istio.io" => &["v1", "v1beta1", "v1alpha3"],
             "gateway.networking.k8s.io" => &["v1", "v1beta1"],
             _ => &["v1", "v1beta1"],
@@ -75,6 +82,15 @@ impl Kind {
     /// Whether objects of this kind live in a namespace.
     pub fn namespaced(self) -> bool {
         self != Kind::Namespace
+    }
+
+    /// The `apiVersion` objects of this kind are written with.
+    pub fn api_version(self) -> String {
+        match (self.group(), self.versions().first()) {
+            ("", Some(v)) => (*v).to_string(),
+            (group, Some(v)) => format!("{group}/{v}"),
+            (group, None) => format!("{group}/v1"),
+        }
     }
 
     /// Finds the kind for an `apiVersion`/`kind` pair.
@@ -132,6 +148,8 @@ pub enum Object {
     PeerAuthentication(Box<PeerAuthentication>),
     Gateway(Box<Gateway>),
     HttpRoute(Box<HttpRoute>),
+    Deployment(Box<Deployment>),
+    ServiceAccount(Box<ServiceAccount>),
 }
 
 impl Object {
@@ -146,6 +164,8 @@ impl Object {
             Object::PeerAuthentication(_) => Kind::PeerAuthentication,
             Object::Gateway(_) => Kind::Gateway,
             Object::HttpRoute(_) => Kind::HttpRoute,
+            Object::Deployment(_) => Kind::Deployment,
+            Object::ServiceAccount(_) => Kind::ServiceAccount,
         }
     }
 
@@ -160,6 +180,8 @@ impl Object {
             Object::PeerAuthentication(o) => &o.metadata,
             Object::Gateway(o) => &o.metadata,
             Object::HttpRoute(o) => &o.metadata,
+            Object::Deployment(o) => &o.metadata,
+            Object::ServiceAccount(o) => &o.metadata,
         }
     }
 
@@ -203,6 +225,8 @@ impl Object {
             Kind::PeerAuthentication => Object::PeerAuthentication(decode(kind, &name, value)?),
             Kind::Gateway => Object::Gateway(decode(kind, &name, value)?),
             Kind::HttpRoute => Object::HttpRoute(decode(kind, &name, value)?),
+            Kind::Deployment => Object::Deployment(decode(kind, &name, value)?),
+            Kind::ServiceAccount => Object::ServiceAccount(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -211,6 +235,31 @@ impl Object {
             }
         }
         Ok(obj)
+    }
+
+    /// This object with the `status` of `overlay` (the same key, read from a status store), for
+    /// the kinds whose status the mesh writes or reads: Gateway, Deployment and Service. `None`
+    /// for other kinds or a mismatched overlay.
+    pub fn with_status_of(&self, overlay: &Object) -> Option<Object> {
+        let merged = match (self, overlay) {
+            (Object::Gateway(o), Object::Gateway(s)) => {
+                let mut o = o.clone();
+                o.status = s.status.clone();
+                Object::Gateway(o)
+            }
+            (Object::Deployment(o), Object::Deployment(s)) => {
+                let mut o = o.clone();
+                o.status = s.status.clone();
+                Object::Deployment(o)
+            }
+            (Object::Service(o), Object::Service(s)) => {
+                let mut o = o.clone();
+                o.status = s.status.clone();
+                Object::Service(o)
+            }
+            _ => return None,
+        };
+        Some(merged)
     }
 
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
@@ -224,6 +273,8 @@ impl Object {
             Object::PeerAuthentication(o) => &mut o.metadata,
             Object::Gateway(o) => &mut o.metadata,
             Object::HttpRoute(o) => &mut o.metadata,
+            Object::Deployment(o) => &mut o.metadata,
+            Object::ServiceAccount(o) => &mut o.metadata,
         }
     }
 }

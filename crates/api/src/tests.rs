@@ -57,7 +57,7 @@ fn errors_name_the_field() {
 
 #[test]
 fn rejects_unknown_kinds_and_missing_names() {
-    let err = Object::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+    let err = Object::from_value(json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": "d"}}))
     .expect_err("unsupported");
     assert!(matches!(err, ApiError::UnsupportedKind { .. }), "{err}");

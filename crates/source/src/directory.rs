@@ -63,10 +63,11 @@ impl DirectorySource {
 impl ClusterSource for DirectorySource {
     fn run(self: Box<Self>, tx: mpsc::Sender<SourceEvent>) -> SourceFuture {
         Box::pin(async move {
+            let store = Store::new(&self.root);
             let mut runner = Runner {
                 root: self.root,
                 options: self.options,
-                store: Store::default(),
+                store,
                 tx,
             };
             runner.run().await;

@@ -31,6 +31,7 @@ mod error;
 mod parse;
 mod scan;
 mod store;
+mod writer;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -42,6 +43,8 @@ use mesh_api::{Object, ObjectKey};
 
 pub use directory::{DirectoryOptions, DirectorySource};
 pub use error::{Problem, SourceError};
+pub use scan::STATUS_DIR;
+pub use writer::{DirectoryWriter, ObjectWriter, WriteError};
 
 /// One change of cluster state.
 #[derive(Debug)]
@@ -80,7 +83,7 @@ pub fn load_directory(path: impl AsRef<Path>) -> (Vec<(PathBuf, Arc<Object>)>, V
     let root = path.as_ref();
     let scan = scan::scan(root, root);
     let mut errors = scan.errors;
-    let mut store = store::Store::default();
+    let mut store = store::Store::new(root);
     let changes = scan
         .found
         .into_iter()

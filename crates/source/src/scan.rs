@@ -26,13 +26,33 @@ pub(crate) struct Scan {
     pub errors: Vec<SourceError>,
 }
 
-/// Whether `path` (under `root`) has a hidden component below `root`.
+/// The directory under the root that holds written status (see [`crate::DirectoryWriter`]): its
+/// documents set the `status` of the objects defined elsewhere, as a status subresource does.
+pub const STATUS_DIR: &str = ".status";
+
+/// Whether `path` (under `root`) has a hidden component below `root`; the status directory
+/// itself does not count (its hidden files do).
 pub(crate) fn is_hidden(root: &Path, path: &Path) -> bool {
     let relative = path.strip_prefix(root).unwrap_or(path);
-    relative.components().any(|c| match c {
+    let mut components = relative.components().peekable();
+    if components
+        .peek()
+        .is_some_and(|c| c.as_os_str() == STATUS_DIR)
+    {
+        components.next();
+    }
+    components.any(|c| match c {
         Component::Normal(name) => name.to_string_lossy().starts_with('.'),
         _ => false,
     })
+}
+
+/// Whether `path` lies in the status directory of `root`.
+pub(crate) fn is_status(root: &Path, path: &Path) -> bool {
+    path.strip_prefix(root)
+        .ok()
+        .and_then(|r| r.components().next())
+        .is_some_and(|c| c.as_os_str() == STATUS_DIR)
 }
 
 /// Whether `path` names a file the source reads: a visible `.yaml`, `.yml` or `.json` file that

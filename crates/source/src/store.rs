@@ -27,15 +27,35 @@ pub(crate) enum Change {
 /// Objects by file and the owners of each key.
 #[derive(Debug, Default)]
 pub(crate) struct Store {
+    /// The watched root (files under its status directory hold status, not objects).
+    root: PathBuf,
     files: BTreeMap<PathBuf, BTreeMap<ObjectKey, Loaded>>,
     /// Files defining each key, in the order they started to; the first one wins.
     owners: HashMap<ObjectKey, Vec<PathBuf>>,
+    /// Status files for each key, in the same order; the first one's status applies.
+    status: HashMap<ObjectKey, Vec<PathBuf>>,
 }
 
 /// The new contents of one file (`None`: the file is gone).
 type Update = (PathBuf, Option<BTreeMap<ObjectKey, Loaded>>);
 
 impl Store {
+    /// A store for the files of the directory `root`.
+    pub(crate) fn new(root: &Path) -> Store {
+        Store {
+            root: root.to_path_buf(),
+            ..Store::default()
+        }
+    }
+
+    fn owners_of(&mut self, path: &Path) -> &mut HashMap<ObjectKey, Vec<PathBuf>> {
+        if crate::scan::is_status(&self.root, path) {
+            &mut self.status
+        } else {
+            &mut self.owners
+        }
+    }
+
     /// Applies a batch and returns its events: `Invalid` first, then `Applied` / `Deleted` for
     /// every key whose winning object changed.
     pub(crate) fn apply(&mut self, changes: Vec<Change>) -> Vec<SourceEvent> {
@@ -55,10 +75,8 @@ impl Store {
             }
         }
         let affected = self.affected(&updates);
-        let before: Vec<Option<Arc<Object>>> = affected
-            .iter()
-            .map(|key| self.winner(key).cloned())
-            .collect();
+        let before: Vec<Option<Arc<Object>>> =
+            affected.iter().map(|key| self.winner(key)).collect();
         for (path, objects) in &updates {
             self.replace(path, objects.clone());
         }
@@ -67,8 +85,8 @@ impl Store {
         for (key, before) in affected.into_iter().zip(before) {
             match (before, self.winner(&key)) {
                 (Some(_), None) => events.push(SourceEvent::Deleted(key)),
-                (before, Some(after)) if before.as_deref() != Some(&**after) => {
-                    events.push(SourceEvent::Applied(Arc::clone(after)));
+                (before, Some(after)) if before.as_deref() != Some(&*after) => {
+                    events.push(SourceEvent::Applied(after));
                 }
                 _ => {}
             }
@@ -133,16 +151,17 @@ impl Store {
         let old = self.files.remove(path).unwrap_or_default();
         let empty = BTreeMap::new();
         let new = objects.as_ref().unwrap_or(&empty);
+        let owners = self.owners_of(path);
         for key in old.keys().filter(|k| !new.contains_key(*k)) {
-            if let Some(files) = self.owners.get_mut(key) {
+            if let Some(files) = owners.get_mut(key) {
                 files.retain(|f| f != path);
                 if files.is_empty() {
-                    self.owners.remove(key);
+                    owners.remove(key);
                 }
             }
         }
         for key in new.keys().filter(|k| !old.contains_key(*k)) {
-            self.owners
+            owners
                 .entry(key.clone())
                 .or_default()
                 .push(path.to_path_buf());
@@ -155,6 +174,9 @@ impl Store {
     /// Reports every object of an updated file that another file defines first.
     fn report_duplicates(&self, updates: &[Update], errors: &mut Vec<SourceError>) {
         for (path, objects) in updates {
+            if crate::scan::is_status(&self.root, path) {
+                continue;
+            }
             for (key, loaded) in objects.iter().flatten() {
                 let Some(first) = self.owners.get(key).and_then(|f| f.first()) else {
                     continue;
@@ -177,9 +199,21 @@ impl Store {
         }
     }
 
-    /// The winning object for `key`.
-    fn winner(&self, key: &ObjectKey) -> Option<&Arc<Object>> {
-        let file = self.owners.get(key)?.first()?;
+    /// The winning object for `key`, with the status written for it (if any).
+    fn winner(&self, key: &ObjectKey) -> Option<Arc<Object>> {
+        let object = self.first_in(&self.owners, key)?;
+        let merged = self
+            .first_in(&self.status, key)
+            .and_then(|status| object.with_status_of(status));
+        Some(merged.map_or_else(|| Arc::clone(object), Arc::new))
+    }
+
+    fn first_in<'a>(
+        &'a self,
+        owners: &HashMap<ObjectKey, Vec<PathBuf>>,
+        key: &ObjectKey,
+    ) -> Option<&'a Arc<Object>> {
+        let file = owners.get(key)?.first()?;
         self.files.get(file)?.get(key).map(|l| &l.object)
     }
 
@@ -196,16 +230,16 @@ impl Store {
     pub(crate) fn objects(&self) -> Vec<(PathBuf, Arc<Object>)> {
         let mut out = Vec::new();
         for (path, objects) in &self.files {
-            let mut winners: Vec<&Loaded> = objects
+            let mut winners: Vec<(&ObjectKey, &Loaded)> = objects
                 .iter()
                 .filter(|(key, _)| self.owners.get(*key).and_then(|f| f.first()) == Some(path))
-                .map(|(_, loaded)| loaded)
                 .collect();
-            winners.sort_by_key(|l| l.line);
+            winners.sort_by_key(|(_, l)| l.line);
             out.extend(
                 winners
                     .into_iter()
-                    .map(|l| (path.clone(), l.object.clone())),
+                    .filter_map(|(key, _)| self.winner(key))
+                    .map(|o| (path.clone(), o)),
             );
         }
         out

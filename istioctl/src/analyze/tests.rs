@@ -220,7 +220,7 @@ metadata:
 fn loader_problems_carry_file_and_line() {
     let broken = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n  labels: [unclosed\n";
     let invalid = "apiVersion: v1\nkind: Service\nmetadata:\n  name: s\n  namespace: demo\nspec:\n  ports:\n  - port: not-a-number\n";
-    let unknown = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: d\n";
+    let unknown = "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: d\n";
     let dir = dir_with(&[
         ("app.yaml", CLEAN),
         ("broken.yaml", broken),
@@ -240,7 +240,7 @@ fn loader_problems_carry_file_and_line() {
         "Error [IST0106] (Service demo/s DIR/invalid.yaml:8) Schema validation error: invalid field spec.ports[0].port: invalid type: string \"not-a-number\", expected i32"
     );
     assert!(
-        found[2].starts_with("Warning [IST0133] (DIR/unknown.yaml:2) Schema validation warning: unsupported object apps/v1/Deployment"),
+        found[2].starts_with("Warning [IST0133] (DIR/unknown.yaml:2) Schema validation warning: unsupported object apps/v1/StatefulSet"),
         "{found:#?}"
     );
 }

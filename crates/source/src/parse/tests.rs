@@ -119,7 +119,7 @@ spec:
   nodeName: 7
 ---
 apiVersion: apps/v1
-kind: Deployment
+kind: StatefulSet
 metadata: {name: d}
 ";
     let parsed = parse("examples/bad.yaml", text);
@@ -191,7 +191,7 @@ fn untyped_key_defaults_namespace_and_ignores_unknown_kinds() {
         untyped_key(&ns),
         Some(ObjectKey::new(Kind::Namespace, "", "n"))
     );
-    let other = serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+    let other = serde_json::json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": "d"}});
     assert_eq!(untyped_key(&other), None);
 }

@@ -8,7 +8,9 @@ use mesh_api::{
     WorkloadEntrySpec,
 };
 use mesh_proto::type_url;
-use mesh_proto::workload::{address, Address, NetworkMode, Service as WdsService, Workload};
+use mesh_proto::workload::{
+    address, Address, GatewayAddress, NetworkMode, Service as WdsService, Workload,
+};
 use mesh_xds::Resource;
 
 use super::{Model, Output};
@@ -124,8 +126,11 @@ impl Model {
     fn compute_service(&self, key: &ObjectKey, svc: &Service) -> Output {
         let ns = self.state.namespace(&key.namespace);
         match service_to_service(&self.cfg, ns, svc) {
-            Ok(s) => Output {
-                addresses: vec![service_resource(s)],
+            Ok(mut s) => Output {
+                addresses: vec![{
+                    self.bind_waypoint(&mut s.waypoint, "service");
+                    service_resource(s)
+                }],
                 ..Output::default()
             },
             Err(e) => Output {
@@ -139,7 +144,12 @@ impl Model {
         let ns = self.state.namespace(&key.namespace);
         let (services, errors) = service_entry_to_services(&self.cfg, ns, se);
         let mut out = Output {
-            addresses: services.into_iter().map(service_resource).collect(),
+            addresses: (services.into_iter())
+                .map(|mut s| {
+                    self.bind_waypoint(&mut s.waypoint, "service");
+                    service_resource(s)
+                })
+                .collect(),
             errors,
             ..Output::default()
         };
@@ -241,31 +251,37 @@ impl Model {
         )
     }
 
-    /// The resource of a workload; `exclusive` workloads must own their IPs.
-    /// A workload keeps its waypoint only if that waypoint serves workload traffic
-    /// (`istio.io/waypoint-for: workload | all` on the Gateway); the default is `service`.
-    fn waypoint_for_workload(&self, w: &mut Workload) {
+    /// Keeps `waypoint` only if it names a Gateway of class `istio-waypoint` that is ready
+    /// (its controller wrote `status.addresses`) and serves `traffic` (`service` or
+    /// `workload`): `istio.io/waypoint-for` on the Gateway is `service` (the default),
+    /// `workload`, `all` or `none`. Otherwise traffic bypasses it, as Istio does.
+    fn bind_waypoint(&self, waypoint: &mut Option<GatewayAddress>, traffic: &str) {
         use mesh_proto::workload::gateway_address::Destination;
-        let Some(Destination::Hostname(h)) =
-            w.waypoint.as_ref().and_then(|g| g.destination.as_ref())
+        let Some(Destination::Hostname(h)) = waypoint.as_ref().and_then(|g| g.destination.as_ref())
         else {
             return;
         };
         let name = h.hostname.split('.').next().unwrap_or_default();
         let key = ObjectKey::new(Kind::Gateway, &h.namespace, name);
-        let for_workloads = match self.state.get(&key) {
-            Some(Object::Gateway(g)) => meta_labels(&g.metadata)
-                .get(mesh_api::label::WAYPOINT_FOR)
-                .is_some_and(|v| v == "workload" || v == "all"),
+        let usable = match self.state.get(&key) {
+            Some(Object::Gateway(g)) => {
+                let ready = g.spec.gateway_class_name == mesh_api::WAYPOINT_CLASS
+                    && g.status.as_ref().is_some_and(|s| !s.addresses.is_empty());
+                let serves = meta_labels(&g.metadata)
+                    .get(mesh_api::label::WAYPOINT_FOR)
+                    .map_or("service", String::as_str);
+                ready && (serves == traffic || serves == "all")
+            }
             _ => false,
         };
-        if !for_workloads {
-            w.waypoint = None;
+        if !usable {
+            *waypoint = None;
         }
     }
 
+    /// The resource of a workload; `exclusive` workloads must own their IPs.
     fn workload_output(&self, mut w: Workload, exclusive: bool) -> Output {
-        self.waypoint_for_workload(&mut w);
+        self.bind_waypoint(&mut w.waypoint, "workload");
         let aliases: Vec<String> = (w.addresses.iter())
             .filter_map(|a| bytes_ip(a))
             .map(|ip| format!("{}/{ip}", w.network))

@@ -12,6 +12,21 @@ use crate::model::state::meta_labels;
 
 type Labels = BTreeMap<String, String>;
 
+/// What of a Gateway decides the waypoint binding: class, readiness and traffic type.
+fn waypoint_binding(o: Option<&Object>) -> Option<(&str, bool, Option<&String>)> {
+    match o {
+        Some(Object::Gateway(g)) => Some((
+            g.spec.gateway_class_name.as_str(),
+            g.status.as_ref().is_some_and(|s| !s.addresses.is_empty()),
+            g.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(mesh_api::label::WAYPOINT_FOR)),
+        )),
+        _ => None,
+    }
+}
+
 /// Adds to `out` the objects to recompute because `key` changed from `old` to its current state.
 pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &mut Vec<ObjectKey>) {
     let new = m.state.get(key);
@@ -19,14 +34,17 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
     match key.kind {
         // Routes change waypoint configuration only (see `model::waypoints`).
         Kind::Pod | Kind::WorkloadEntry | Kind::HttpRoute => {}
-        // A Gateway's traffic type decides whether workloads use it: recompute the workloads
-        // when it appears, goes or changes `istio.io/waypoint-for` (rare).
+        Kind::Deployment | Kind::ServiceAccount => {}
+        // Whether a Gateway is a usable waypoint (class, readiness, traffic type) decides
+        // whether Services and workloads keep it: recompute them when that changes (rare).
         Kind::Gateway => {
-            if labels_of(old).and_then(|l| l.get(mesh_api::label::WAYPOINT_FOR))
-                != labels_of(new).and_then(|l| l.get(mesh_api::label::WAYPOINT_FOR))
-                || old.is_none() != new.is_none()
-            {
-                for kind in [Kind::Pod, Kind::WorkloadEntry] {
+            if waypoint_binding(old) != waypoint_binding(new) {
+                for kind in [
+                    Kind::Pod,
+                    Kind::WorkloadEntry,
+                    Kind::Service,
+                    Kind::ServiceEntry,
+                ] {
                     for ns in m.state.namespaces_with(kind) {
                         out.extend(m.state.keys_in(kind, &ns));
                     }

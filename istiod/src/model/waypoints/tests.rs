@@ -16,16 +16,28 @@ fn key() -> WaypointKey {
     }
 }
 
+/// The shop's waypoint Gateway, ready (its controller wrote addresses).
 fn gateway(waypoint_for: Option<&str>) -> mesh_api::Object {
+    gateway_with(waypoint_for, "istio-waypoint", true)
+}
+
+fn gateway_with(waypoint_for: Option<&str>, class: &str, ready: bool) -> mesh_api::Object {
     let labels = match waypoint_for {
         Some(v) => json!({"istio.io/waypoint-for": v}),
         None => json!({}),
     };
+    let addresses = if ready {
+        json!([{"type": "IPAddress", "value": "10.96.0.20"},
+               {"type": "Hostname", "value": "waypoint.shop.svc.cluster.local"}])
+    } else {
+        json!([])
+    };
     obj(json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
         "metadata": {"name": "waypoint", "namespace": "shop", "labels": labels},
-        "spec": {"gatewayClassName": "istio-waypoint",
+        "spec": {"gatewayClassName": class,
                  "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]},
+        "status": {"addresses": addresses},
     }))
 }
 
@@ -128,32 +140,66 @@ fn only_changes_that_touch_a_waypoint_regenerate_it() {
     assert!(!clusters(&s5).iter().any(|c| c.contains("echo.shop")));
 }
 
+fn workload_waypoint(s: &Snapshot) -> bool {
+    let r = s
+        .addresses()
+        .get("Kubernetes//Pod/shop/echo-1")
+        .expect("workload");
+    let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
+        .expect("decode");
+    match a.r#type {
+        Some(mesh_proto::workload::address::Type::Workload(w)) => w.waypoint.is_some(),
+        _ => panic!("not a workload"),
+    }
+}
+
+fn service_waypoint(s: &Snapshot) -> bool {
+    let r = s
+        .addresses()
+        .get("shop/echo.shop.svc.cluster.local")
+        .expect("service");
+    let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
+        .expect("decode");
+    match a.r#type {
+        Some(mesh_proto::workload::address::Type::Service(svc)) => svc.waypoint.is_some(),
+        _ => panic!("not a service"),
+    }
+}
+
+#[test]
+fn a_waypoint_binds_only_once_ready_of_its_class_and_for_service_traffic() {
+    let mut m = shop();
+    m.apply(gateway_with(None, "istio-waypoint", false));
+    let s = m.build();
+    assert!(
+        !service_waypoint(&s),
+        "no addresses yet: traffic bypasses it"
+    );
+    assert!(clusters(&s).iter().all(|c| !c.starts_with("inbound-vip")));
+    m.apply(gateway(None));
+    assert!(service_waypoint(&m.build()), "ready: bound");
+    m.apply(gateway(Some("workload")));
+    assert!(
+        !service_waypoint(&m.build()),
+        "waypoint-for: workload refuses services"
+    );
+    m.apply(gateway_with(None, "istio", true));
+    assert!(
+        !service_waypoint(&m.build()),
+        "another class is not a waypoint"
+    );
+    m.delete(&ObjectKey::new(Kind::Gateway, "shop", "waypoint"));
+    assert!(
+        !service_waypoint(&m.build()),
+        "a missing waypoint is bypassed"
+    );
+    m.apply(gateway(Some("all")));
+    let s = m.build();
+    assert!(service_waypoint(&s) && workload_waypoint(&s));
+}
+
 #[test]
 fn workloads_use_the_waypoint_only_when_it_serves_workload_traffic() {
-    let workload_waypoint = |s: &Snapshot| {
-        let r = s
-            .addresses()
-            .get("Kubernetes//Pod/shop/echo-1")
-            .expect("workload");
-        let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
-            .expect("decode");
-        match a.r#type {
-            Some(mesh_proto::workload::address::Type::Workload(w)) => w.waypoint.is_some(),
-            _ => panic!("not a workload"),
-        }
-    };
-    let service_waypoint = |s: &Snapshot| {
-        let r = s
-            .addresses()
-            .get("shop/echo.shop.svc.cluster.local")
-            .expect("service");
-        let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
-            .expect("decode");
-        match a.r#type {
-            Some(mesh_proto::workload::address::Type::Service(svc)) => svc.waypoint.is_some(),
-            _ => panic!("not a service"),
-        }
-    };
     let mut m = shop();
     let s = m.build();
     assert!(

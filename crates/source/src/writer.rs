@@ -1,0 +1,166 @@
+//! The write side of a source: what controllers (the waypoint controller, later istiod's status
+//! writers) use to create the objects they own and to set the status of others.
+//!
+//! [`DirectoryWriter`] writes into a watched directory, so a [`crate::DirectorySource`] on the
+//! same directory reads back what was written: owned objects go to a subdirectory of their own
+//! (one file per object), status goes to the root's status directory, where each document sets
+//! the `status` of the object with the same key (the user's own file is never rewritten). A
+//! Kubernetes writer will implement the same trait with server-side apply.
+
+use std::path::{Path, PathBuf};
+
+use mesh_api::{ApiError, Object, ObjectKey};
+use serde_json::{json, Value};
+
+use crate::scan::STATUS_DIR;
+
+/// Why a write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The object to write is not one the mesh knows how to read back.
+    #[error("cannot write object: {0}")]
+    Invalid(#[source] ApiError),
+    /// The object could not be encoded.
+    #[error("cannot encode {key}: {source}")]
+    Encode {
+        key: ObjectKey,
+        #[source]
+        source: serde_yaml::Error,
+    },
+    /// The file system refused.
+    #[error("cannot write {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Where a controller writes.
+pub trait ObjectWriter: Send + Sync + 'static {
+    /// Creates or replaces a whole object (`apiVersion`, `kind`, `metadata`, ...), as the
+    /// controller's field manager would with a forced server-side apply.
+    fn apply(&self, object: &Value) -> Result<(), WriteError>;
+    /// Deletes an object this writer created; one it did not create is left alone.
+    fn delete(&self, key: &ObjectKey) -> Result<(), WriteError>;
+    /// Sets the `status` of the object `key` (`None` clears what this writer set).
+    fn write_status(&self, key: &ObjectKey, status: Option<&Value>) -> Result<(), WriteError>;
+}
+
+/// Writes into a directory watched by a [`crate::DirectorySource`].
+#[derive(Debug, Clone)]
+pub struct DirectoryWriter {
+    root: PathBuf,
+    owned: PathBuf,
+}
+
+impl DirectoryWriter {
+    /// A writer for the directory `root` whose objects go under `root/<subdir>`.
+    pub fn new(root: impl Into<PathBuf>, subdir: &str) -> DirectoryWriter {
+        let root = root.into();
+        let owned = root.join(subdir);
+        DirectoryWriter { root, owned }
+    }
+
+    /// The file an owned object is written to.
+    pub fn object_path(&self, key: &ObjectKey) -> PathBuf {
+        let ns = if key.namespace.is_empty() {
+            "_cluster"
+        } else {
+            &key.namespace
+        };
+        self.owned.join(ns).join(format!(
+            "{}-{}.yaml",
+            key.kind.as_str().to_ascii_lowercase(),
+            key.name
+        ))
+    }
+
+    /// The file the status of `key` is written to.
+    pub fn status_path(&self, key: &ObjectKey) -> PathBuf {
+        let ns = if key.namespace.is_empty() {
+            "_cluster"
+        } else {
+            &key.namespace
+        };
+        self.root
+            .join(STATUS_DIR)
+            .join(key.kind.as_str().to_ascii_lowercase())
+            .join(ns)
+            .join(format!("{}.yaml", key.name))
+    }
+}
+
+impl ObjectWriter for DirectoryWriter {
+    fn apply(&self, object: &Value) -> Result<(), WriteError> {
+        let key = Object::from_value(object.clone())
+            .map_err(WriteError::Invalid)?
+            .key();
+        let text = serde_yaml::to_string(object).map_err(|source| WriteError::Encode {
+            key: key.clone(),
+            source,
+        })?;
+        write_if_changed(&self.object_path(&key), &text)
+    }
+
+    fn delete(&self, key: &ObjectKey) -> Result<(), WriteError> {
+        remove(&self.object_path(key))
+    }
+
+    fn write_status(&self, key: &ObjectKey, status: Option<&Value>) -> Result<(), WriteError> {
+        let path = self.status_path(key);
+        let Some(status) = status else {
+            return remove(&path);
+        };
+        let mut metadata = json!({ "name": key.name });
+        if !key.namespace.is_empty() {
+            metadata["namespace"] = json!(key.namespace);
+        }
+        let doc = json!({
+            "apiVersion": key.kind.api_version(),
+            "kind": key.kind.as_str(),
+            "metadata": metadata,
+            "status": status,
+        });
+        let text = serde_yaml::to_string(&doc).map_err(|source| WriteError::Encode {
+            key: key.clone(),
+            source,
+        })?;
+        write_if_changed(&path, &text)
+    }
+}
+
+/// Writes `text` to `path` through a hidden temporary file and a rename (a watcher never reads
+/// half a file); an unchanged file is not touched.
+fn write_if_changed(path: &Path, text: &str) -> Result<(), WriteError> {
+    let io = |source| WriteError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+fn remove(path: &Path) -> Result<(), WriteError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(WriteError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;
