@@ -19,7 +19,7 @@ use crate::scan::STATUS_DIR;
 pub enum WriteError {
     /// The object to write is not one the mesh knows how to read back.
     #[error("cannot write object: {0}")]
-    Invalid(#[source] ApiError),
+    Invalid(#[source] Box<ApiError>),
     /// The object could not be encoded.
     #[error("cannot encode {key}: {source}")]
     Encode {
@@ -94,7 +94,7 @@ impl DirectoryWriter {
 impl ObjectWriter for DirectoryWriter {
     fn apply(&self, object: &Value) -> Result<(), WriteError> {
         let key = Object::from_value(object.clone())
-            .map_err(WriteError::Invalid)?
+            .map_err(|e| WriteError::Invalid(Box::new(e)))?
             .key();
         let text = serde_yaml::to_string(object).map_err(|source| WriteError::Encode {
             key: key.clone(),
