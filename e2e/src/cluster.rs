@@ -73,6 +73,8 @@ pub struct PodSpec {
     pub service_account: String,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
+    /// The controlling owner, `(kind, name)` (a Deployment's pods are owned by its ReplicaSet).
+    pub owner: Option<(String, String)>,
 }
 
 impl PodSpec {
@@ -84,7 +86,14 @@ impl PodSpec {
             service_account: service_account.into(),
             labels: BTreeMap::from([("app".to_string(), name.to_string())]),
             annotations: BTreeMap::new(),
+            owner: None,
         }
+    }
+
+    /// Sets the controlling owner (e.g. `("ReplicaSet", "waypoint-5c7d9f")`).
+    pub fn owned_by(mut self, kind: &str, name: &str) -> PodSpec {
+        self.owner = Some((kind.into(), name.into()));
+        self
     }
 
     pub fn annotation(mut self, key: &str, value: &str) -> PodSpec {
@@ -112,6 +121,12 @@ impl PodSpec {
             for (k, v) in &self.annotations {
                 labels.push_str(&format!("    {k}: \"{v}\"\n"));
             }
+        }
+        if let Some((kind, name)) = &self.owner {
+            let api = if kind == "ReplicaSet" { "apps/v1" } else { "v1" };
+            labels.push_str(&format!(
+                "  ownerReferences:\n  - apiVersion: {api}\n    kind: {kind}\n    name: {name}\n    uid: uid-{kind}-{name}\n    controller: true\n"
+            ));
         }
         let status = match ip {
             Some(ip) => format!(

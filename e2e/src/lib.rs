@@ -9,9 +9,11 @@
 pub mod bins;
 pub mod cluster;
 pub mod cni;
+pub mod controller;
 pub mod http;
 pub mod inspect;
 pub mod istiod;
+pub mod kubelet;
 pub mod load;
 pub mod probe;
 pub mod process;

@@ -2,11 +2,13 @@
 //! the waypoint pod's network namespace, with the files its Deployment mounts (token, root
 //! certificate, pod labels) under a directory of its own.
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use mesh_api::k8s_openapi::api::core::v1::{Container, Volume};
 use mesh_testutil::netns::ChildGuard;
 use mesh_testutil::{http_request, Netns};
 
@@ -21,6 +23,46 @@ pub const READINESS_PORT: u16 = 15021;
 /// The Envoy binary the tests run (installed by scripts/install-deps.sh).
 pub fn envoy_path() -> PathBuf {
     mesh_testutil::envoy_path().expect("no Envoy: run scripts/install-deps.sh (or set ENVOY_PATH)")
+}
+
+/// The downward API's rendering of labels (`key="value"` lines).
+fn downward_labels(labels: &BTreeMap<String, String>) -> String {
+    labels.iter().map(|(k, v)| format!("{k}=\"{v}\"\n")).collect()
+}
+
+/// Kubernetes' `$(VAR)` expansion against the variables defined so far (unknown ones stay).
+fn expand(text: &str, env: &[(String, String)]) -> String {
+    let mut out = text.to_string();
+    for (k, v) in env {
+        out = out.replace(&format!("$({k})"), v);
+    }
+    out
+}
+
+/// Fills the mount point `path` with what `volume` holds for `pod`.
+fn mount_volume(path: &Path, volume: &Volume, pod: &MeshPod, istiod: &Istiod) {
+    let spec = &pod.spec;
+    if let Some(projected) = &volume.projected {
+        for source in projected.sources.iter().flatten() {
+            if let Some(token) = &source.service_account_token {
+                assert_eq!(token.audience.as_deref(), Some("istio-ca"), "token audience");
+                let jwt = istiod.add_workload_token(&spec.namespace, &spec.service_account);
+                std::fs::write(path.join(&token.path), jwt).expect("token");
+            }
+        }
+    } else if let Some(cm) = &volume.config_map {
+        assert_eq!(cm.name, "istio-ca-root-cert", "the only ConfigMap the harness has");
+        std::fs::copy(istiod.root_cert(), path.join("root-cert.pem")).expect("root cert");
+    } else if let Some(downward) = &volume.downward_api {
+        for item in downward.items.iter().flatten() {
+            let text = match item.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                Some("metadata.labels") => downward_labels(&spec.labels),
+                Some("metadata.annotations") => downward_labels(&spec.annotations),
+                _ => String::new(),
+            };
+            std::fs::write(path.join(&item.path), text).expect("downward API file");
+        }
+    }
 }
 
 pub struct Waypoint {
@@ -38,9 +80,31 @@ impl std::fmt::Debug for Waypoint {
     }
 }
 
+/// The harness's additions to every waypoint container's environment: where Envoy is, and
+/// plain logs.
+fn harness_env() -> Vec<(String, String)> {
+    [
+        ("ENVOY_PATH", envoy_path().display().to_string()),
+        ("LOG_FORMAT", "plain".to_string()),
+        ("RUST_LOG", "info".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// `extra` replaces or adds to `env`.
+fn override_env(env: &mut Vec<(String, String)>, extra: &[(&str, &str)]) {
+    for (k, v) in extra {
+        env.retain(|(key, _)| key != k);
+        env.push((k.to_string(), v.to_string()));
+    }
+}
+
 impl Waypoint {
     /// Starts the agent for `pod` (a pod of the waypoint's Deployment, labelled with its
-    /// Gateway's name) against `istiod`.
+    /// Gateway's name) against `istiod`, with the environment and mounts the waypoint
+    /// template gives its container, written out by hand.
     pub fn start(pod: &MeshPod, istiod: &Istiod, extra: &[(&str, &str)]) -> Waypoint {
         let spec = &pod.spec;
         let dir = tempfile::tempdir().expect("waypoint directory");
@@ -53,12 +117,7 @@ impl Waypoint {
         put("var/run/secrets/tokens/istio-token", &token);
         let root = std::fs::read_to_string(istiod.root_cert()).expect("istiod root cert");
         put("var/run/secrets/istio/root-cert.pem", &root);
-        let labels: String = spec
-            .labels
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{v}\"\n"))
-            .collect();
-        put("etc/istio/pod/labels", &labels);
+        put("etc/istio/pod/labels", &downward_labels(&spec.labels));
         let mut env: Vec<(String, String)> = [
             ("POD_NAME", spec.name.clone()),
             ("POD_NAMESPACE", spec.namespace.clone()),
@@ -72,18 +131,13 @@ impl Waypoint {
                     istiod.ip()
                 ),
             ),
-            ("ENVOY_PATH", envoy_path().display().to_string()),
             ("TERMINATION_DRAIN_DURATION", "2s".to_string()),
-            ("LOG_FORMAT", "plain".to_string()),
-            ("RUST_LOG", "info".to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
+        .chain(harness_env())
         .collect();
-        for (k, v) in extra {
-            env.retain(|(key, _)| key != k);
-            env.push((k.to_string(), v.to_string()));
-        }
+        override_env(&mut env, extra);
         let args = vec![
             "proxy".to_string(),
             "waypoint".to_string(),
@@ -92,6 +146,65 @@ impl Waypoint {
             "--serviceCluster".to_string(),
             format!("{}.{}", spec.service_account, spec.namespace),
         ];
+        Waypoint::launch(pod, dir, env, args)
+    }
+
+    /// Starts `container` of `pod` as the kubelet would: its args with `$(VAR)` expanded, its
+    /// environment (values and field references), and its volume mounts under the pod's
+    /// directory (the projected `istio-ca` token, the root certificate ConfigMap, the
+    /// downward-API labels, empty dirs). `istiod.istio-system.svc` resolves to `istiod`'s
+    /// address, as cluster DNS would. `extra` adds to the environment (test settings).
+    pub fn from_container(
+        pod: &MeshPod,
+        istiod: &Istiod,
+        container: &Container,
+        volumes: &[Volume],
+        extra: &[(&str, &str)],
+    ) -> Waypoint {
+        let dir = tempfile::tempdir().expect("pod directory");
+        for mount in container.volume_mounts.iter().flatten() {
+            let Some(volume) = volumes.iter().find(|v| v.name == mount.name) else {
+                panic!("volume {} of the container is not in the pod", mount.name);
+            };
+            let path = dir.path().join(mount.mount_path.trim_start_matches('/'));
+            std::fs::create_dir_all(&path).expect("mount point");
+            mount_volume(&path, volume, pod, istiod);
+        }
+        let mut env: Vec<(String, String)> = Vec::new();
+        for var in container.env.iter().flatten() {
+            let value = match (&var.value, &var.value_from) {
+                (Some(v), _) => expand(v, &env),
+                (None, Some(from)) => match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                    Some("metadata.name") => pod.spec.name.clone(),
+                    Some("metadata.namespace") => pod.spec.namespace.clone(),
+                    Some("status.podIP" | "status.hostIP") => pod.ip.to_string(),
+                    Some("spec.serviceAccountName") => pod.spec.service_account.clone(),
+                    Some("spec.nodeName") => pod.spec.node.clone(),
+                    // Resource limits: the pod has none.
+                    _ => continue,
+                },
+                (None, None) => String::new(),
+            };
+            let istiod_host = format!("{}:", istiod.ip());
+            env.push((var.name.clone(), value.replace("istiod.istio-system.svc:", &istiod_host)));
+        }
+        env.extend(harness_env());
+        override_env(&mut env, extra);
+        let args = container
+            .args
+            .iter()
+            .flatten()
+            .map(|a| expand(a, &env))
+            .collect();
+        Waypoint::launch(pod, dir, env, args)
+    }
+
+    fn launch(
+        pod: &MeshPod,
+        dir: tempfile::TempDir,
+        env: Vec<(String, String)>,
+        args: Vec<String>,
+    ) -> Waypoint {
         let mut wp = Waypoint {
             netns: pod.netns.clone(),
             ip: pod.ip,
@@ -200,6 +313,16 @@ impl Waypoint {
         )
         .map(|r| r.body)
         .unwrap_or_default()
+    }
+
+    /// The pod's address.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
+    /// The pod's network namespace.
+    pub fn netns(&self) -> &Netns {
+        &self.netns
     }
 
     /// The agent's process id while it runs.

@@ -6,6 +6,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec, Redirection};
+use mesh_e2e::controller::WaypointController;
+use mesh_e2e::kubelet::{gateway_programmed, Kubelet};
 use mesh_e2e::waypoint::Waypoint;
 use mesh_testutil::netns::have_root;
 use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, Netns};
@@ -38,16 +40,6 @@ fn setup(dir: &ClusterDir) {
         "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: waypoint\n  namespace: demo\nspec:\n  gatewayClassName: istio-waypoint\n  listeners:\n  - name: mesh\n    port: 15008\n    protocol: HBONE\n",
     );
     dir.write(
-        "svc-waypoint.yaml",
-        &service(
-            "waypoint",
-            "10.96.0.20",
-            "gateway.networking.k8s.io/gateway-name: waypoint",
-            "gateway.networking.k8s.io/gateway-name: waypoint",
-            "  - name: mesh\n    port: 15008\n  - name: status-port\n    port: 15021\n",
-        ),
-    );
-    dir.write(
         "svc-server.yaml",
         &format!(
             "{}---\n{}---\n{}",
@@ -63,8 +55,27 @@ struct App {
     other: MeshPod,
     v1: HttpApp,
     v2: HttpApp,
-    waypoint: Waypoint,
+    kubelet: Kubelet,
+    _controller: WaypointController,
     _pods: Vec<MeshPod>,
+}
+
+impl App {
+    /// The waypoint the controller deployed and the kubelet runs.
+    fn waypoint(&self) -> &Waypoint {
+        self.kubelet.proxy("demo", "waypoint")
+    }
+}
+
+/// Runs the waypoint controller and the kubelet until the Gateway `demo/waypoint` is
+/// Programmed (its Deployment's pod is ready and istiod may bind traffic to it).
+fn deploy_waypoint(c: &mut MeshCluster) -> (WaypointController, Kubelet) {
+    let controller = WaypointController::start(c);
+    let mut kubelet = Kubelet::new("node1", &[("TERMINATION_DRAIN_DURATION", "2s")]);
+    kubelet.run_until(c, Duration::from_secs(60), |c| {
+        gateway_programmed(c.objects().path(), "demo", "waypoint")
+    });
+    (controller, kubelet)
 }
 
 fn deploy(c: &mut MeshCluster) -> App {
@@ -82,21 +93,18 @@ fn deploy(c: &mut MeshCluster) -> App {
     let v2_pod = add(server("server-v2", "v2"));
     let client = add(PodSpec::new("demo", "client", "node1", "client"));
     let other = add(PodSpec::new("demo", "other", "node1", "other"));
-    let wp_pod = add(PodSpec::new("demo", "waypoint-0", "node1", "waypoint")
-        .label("app", "waypoint")
-        .label("gateway.networking.k8s.io/gateway-name", "waypoint")
-        .label("istio.io/dataplane-mode", "none"));
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT));
     let v1 = HttpApp::start(&v1_pod.netns, any, "v1").expect("v1 app");
     let v2 = HttpApp::start(&v2_pod.netns, any, "v2").expect("v2 app");
-    let waypoint = Waypoint::start(&wp_pod, &c.istiod, &[]);
+    let (controller, kubelet) = deploy_waypoint(c);
     App {
         client,
         other,
         v1,
         v2,
-        waypoint,
-        _pods: vec![v1_pod, v2_pod, wp_pod],
+        kubelet,
+        _controller: controller,
+        _pods: vec![v1_pod, v2_pod],
     }
 }
 
@@ -184,16 +192,16 @@ fn waypoint_routes_http_between_ztunnels() {
     }
     let mut c = MeshCluster::start("wpt", &["node1", "node2"], Redirection::Nftables, setup);
     let app = deploy(&mut c);
-    app.waypoint.wait_ready(Duration::from_secs(30));
+    app.waypoint().wait_ready(Duration::from_secs(30));
 
     // Every resource pushed to the waypoint was accepted.
     for stat in [
         "cluster_manager.cds.update_rejected",
         "listener_manager.lds.update_rejected",
     ] {
-        assert_eq!(app.waypoint.stat(stat), 0, "{stat}\n{}", app.waypoint.log());
+        assert_eq!(app.waypoint().stat(stat), 0, "{stat}\n{}", app.waypoint().log());
     }
-    let dump = app.waypoint.admin("/config_dump");
+    let dump = app.waypoint().admin("/config_dump");
     for name in [
         "\"connect_terminate\"",
         "\"main_internal\"",
@@ -208,7 +216,7 @@ fn waypoint_routes_http_between_ztunnels() {
     assert!(
         ok,
         "client -> waypoint -> server\n{}\n{}",
-        app.waypoint.log(),
+        app.waypoint().log(),
         c.logs()
     );
     assert!(
@@ -232,7 +240,7 @@ fn waypoint_routes_http_between_ztunnels() {
             get(&app.client.netns, "/", &[("x-canary", "true")]).is_some_and(|r| r.body == "v2")
         })
     });
-    assert!(applied, "route served\n{}", app.waypoint.log());
+    assert!(applied, "route served\n{}", app.waypoint().log());
     let (_, canary_v2, canary_failed) = tally(&app.client.netns, 50, &[("x-canary", "true")]);
     assert_eq!((canary_v2, canary_failed), (50, 0), "header match");
     let (v1, v2, failed) = tally(&app.client.netns, 200, &[]);
@@ -241,7 +249,7 @@ fn waypoint_routes_http_between_ztunnels() {
         (6..=34).contains(&v2),
         "90/10 split over 200: v1 {v1}, v2 {v2}"
     );
-    assert_eq!(app.waypoint.stat("listener_manager.lds.update_rejected"), 0);
+    assert_eq!(app.waypoint().stat("listener_manager.lds.update_rejected"), 0);
 }
 
 const DENY_ADMIN: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-admin\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: server\n  action: DENY\n  rules:\n  - to:\n    - operation:\n        methods: [GET]\n        paths: [\"/admin*\"]\n";
@@ -258,12 +266,12 @@ fn waypoint_enforces_routes_policies_retries_and_timeouts() {
         d.write("route.yaml", SPLIT);
     });
     let app = deploy(&mut c);
-    app.waypoint.wait_ready(Duration::from_secs(30));
+    app.waypoint().wait_ready(Duration::from_secs(30));
     let client = &app.client.netns;
     assert!(
         eventually(|| status(get(client, "/", &[])) == 200),
         "path\n{}",
-        app.waypoint.log()
+        app.waypoint().log()
     );
 
     // Retries: attempts 2 on 503 -> the server sees 3 requests for one.
@@ -285,13 +293,13 @@ fn waypoint_enforces_routes_policies_retries_and_timeouts() {
     assert!(
         eventually(|| status(get(client, "/admin/x", &[])) == 403),
         "DENY applied\n{}",
-        app.waypoint.log()
+        app.waypoint().log()
     );
-    let denied = rbac_denied(&app.waypoint);
+    let denied = rbac_denied(app.waypoint());
     let r = get(client, "/admin/users", &[]).expect("answer");
     assert_eq!((r.status, r.body.as_str()), (403, "RBAC: access denied"));
     assert_eq!(
-        rbac_denied(&app.waypoint),
+        rbac_denied(app.waypoint()),
         denied + 1,
         "exactly one more denial"
     );
@@ -303,12 +311,12 @@ fn waypoint_enforces_routes_policies_retries_and_timeouts() {
     assert!(
         eventually(|| status(get(&app.other.netns, "/", &[])) == 403),
         "ALLOW applied\n{}",
-        app.waypoint.log()
+        app.waypoint().log()
     );
     for _ in 0..10 {
         assert_eq!(status(get(client, "/", &[])), 200);
     }
-    assert_eq!(app.waypoint.stat("listener_manager.lds.update_rejected"), 0);
+    assert_eq!(app.waypoint().stat("listener_manager.lds.update_rejected"), 0);
 
     // Removing both policies opens the path again.
     c.objects().remove("deny.yaml");
@@ -323,7 +331,8 @@ fn waypoint_enforces_routes_policies_retries_and_timeouts() {
     let netns = client.clone();
     let in_flight = std::thread::spawn(move || get(&netns, "/delay/1500", &[]));
     std::thread::sleep(Duration::from_millis(300));
-    let mut waypoint = app.waypoint;
+    let mut app = app;
+    let mut waypoint = app.kubelet.take_proxy("demo", "waypoint");
     assert!(
         waypoint.stop(Duration::from_secs(15)),
         "agent exits cleanly\n{}",
@@ -400,7 +409,7 @@ fn waypoint_carries_tcp_ports_byte_exact() {
         .echo_server(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 5432)))
         .expect("echo");
     let app = deploy(&mut c);
-    app.waypoint.wait_ready(Duration::from_secs(30));
+    app.waypoint().wait_ready(Duration::from_secs(30));
     let target = SocketAddr::from(([10, 96, 0, 30], 5432));
     let payload: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
     let ok = eventually(|| {
@@ -410,12 +419,119 @@ fn waypoint_carries_tcp_ports_byte_exact() {
     assert!(
         ok,
         "1 MiB echoed through the waypoint\n{}",
-        app.waypoint.log()
+        app.waypoint().log()
     );
     assert!(
-        app.waypoint
+        app.waypoint()
             .admin("/stats?filter=tcp")
             .contains("inbound-vip|5432|tcp|db.demo.svc.cluster.local"),
         "the TCP chain carried it"
     );
+}
+
+const DENY_ALL: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-all\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: server\n  action: DENY\n  rules:\n  - {}\n";
+
+/// A DENY-everything policy on the waypoint tells whether a request went through it (403) or
+/// around it (200).
+#[test]
+fn waypoint_controller_deploys_binds_and_removes_waypoints() {
+    if !have_root("waypoint_controller_deploys_binds_and_removes_waypoints") {
+        return;
+    }
+    let mut c = MeshCluster::start("wpk", &["node1", "node2"], Redirection::Nftables, |d| {
+        setup(d);
+        d.write("deny-all.yaml", DENY_ALL);
+    });
+    let v1_pod = c
+        .add_pod(PodSpec::new("demo", "server-v1", "node2", "server").label("app", "server"))
+        .expect("server pod");
+    let _v1 = HttpApp::start(&v1_pod.netns, SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT)), "v1")
+        .expect("app");
+    let client = c
+        .add_pod(PodSpec::new("demo", "client", "node1", "client"))
+        .expect("client pod");
+
+    // The Gateway exists but nothing deployed it: it has no addresses, traffic bypasses it.
+    assert!(
+        eventually(|| status(get(&client.netns, "/", &[])) == 200),
+        "direct while the waypoint is not ready\n{}",
+        c.logs()
+    );
+
+    // The controller makes its objects; the kubelet runs the pod; once ready the Gateway
+    // is Programmed with addresses and istiod binds the Service to it.
+    let (mut controller, mut kubelet) = deploy_waypoint(&mut c);
+    let dir = c.objects().path().to_path_buf();
+    let (objects, _) = mesh_source::load_directory(&dir);
+    let made: Vec<String> = objects
+        .iter()
+        .filter(|(_, o)| {
+            o.kind() != mesh_api::Kind::Pod
+                && o.metadata()
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.get("gateway.istio.io/managed").is_some())
+        })
+        .map(|(_, o)| o.key().to_string())
+        .collect();
+    assert_eq!(
+        made,
+        [
+            "Deployment/demo/waypoint",
+            "Service/demo/waypoint",
+            "ServiceAccount/demo/waypoint"
+        ],
+        "{}",
+        controller.log()
+    );
+    let pod = kubelet.pod_name("demo", "waypoint").expect("a waypoint pod");
+    assert!(pod.starts_with("waypoint-"), "{pod}");
+    assert!(
+        eventually(|| status(get(&client.netns, "/", &[])) == 403),
+        "through the waypoint once Programmed\n{}\n{}",
+        kubelet.proxy("demo", "waypoint").log(),
+        c.logs()
+    );
+    let denied = get(&client.netns, "/", &[]).expect("answer");
+    assert_eq!(denied.body, "RBAC: access denied", "the waypoint's Envoy answered");
+
+    // `istio.io/use-waypoint: none` on the Service opts it out.
+    c.objects().write(
+        "svc-server.yaml",
+        &service("server", SERVER_VIP, "app: server", "istio.io/use-waypoint: none", HTTP_PORT),
+    );
+    assert!(
+        eventually(|| status(get(&client.netns, "/", &[])) == 200),
+        "use-waypoint none bypasses the waypoint"
+    );
+    c.objects().write(
+        "svc-server.yaml",
+        &service("server", SERVER_VIP, "app: server", "", HTTP_PORT),
+    );
+    assert!(eventually(|| status(get(&client.netns, "/", &[])) == 403));
+
+    // `waypoint-for: workload` refuses Service traffic: the Service goes direct.
+    c.objects().write(
+        "gateway.yaml",
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: waypoint\n  namespace: demo\n  labels:\n    istio.io/waypoint-for: workload\nspec:\n  gatewayClassName: istio-waypoint\n  listeners:\n  - name: mesh\n    port: 15008\n    protocol: HBONE\n",
+    );
+    assert!(
+        eventually(|| status(get(&client.netns, "/", &[])) == 200),
+        "waypoint-for workload: Services bypass it"
+    );
+
+    // Deleting the Gateway deletes what was made for it; the kubelet stops the pod.
+    c.objects().remove("gateway.yaml");
+    kubelet.run_until(&mut c, Duration::from_secs(30), |c| {
+        let (objects, _) = mesh_source::load_directory(c.objects().path());
+        !objects.iter().any(|(_, o)| {
+            o.metadata()
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.get("gateway.istio.io/managed").is_some())
+        })
+    });
+    assert!(kubelet.pod_name("demo", "waypoint").is_none());
+    assert!(eventually(|| status(get(&client.netns, "/", &[])) == 200));
+    controller.stop();
 }

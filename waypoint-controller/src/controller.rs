@@ -167,7 +167,8 @@ impl<W: ObjectWriter> Controller<W> {
                 }
             }
             match self.writer.apply(&value) {
-                Ok(()) => report.applied.push(key),
+                Ok(true) => report.applied.push(key),
+                Ok(false) => {}
                 Err(source) => report.errors.push(ReconcileError::Write {
                     gateway: gw_key.clone(),
                     source,

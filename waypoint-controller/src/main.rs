@@ -100,11 +100,14 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let source = DirectorySource::new(&args.config_dir, DirectoryOptions::default());
     let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
     tokio::spawn(Box::new(source).run(tx));
+    let shutdown = mesh_runtime::signal::on_signals().context("installing signal handlers")?;
+    let stopped = shutdown.wait();
+    tokio::pin!(stopped);
     let mut synced = false;
     loop {
         let event = tokio::select! {
             event = rx.recv() => event,
-            _ = tokio::signal::ctrl_c() => return Ok(()),
+            () = &mut stopped => return Ok(()),
         };
         let Some(event) = event else {
             anyhow::bail!("the directory source stopped");

@@ -12,7 +12,8 @@ use clap::Parser;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
 use mesh_e2e::cluster::{MeshCluster, PodSpec, Redirection};
-use mesh_e2e::waypoint::Waypoint;
+use mesh_e2e::controller::WaypointController;
+use mesh_e2e::kubelet::{gateway_programmed, Kubelet};
 use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp, Netns};
 
 #[derive(Parser)]
@@ -70,10 +71,6 @@ fn setup(dir: &ClusterDir) {
     dir.write(
         "gateway.yaml",
         "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: waypoint\n  namespace: demo\nspec:\n  gatewayClassName: istio-waypoint\n  listeners:\n  - name: mesh\n    port: 15008\n    protocol: HBONE\n",
-    );
-    dir.write(
-        "svc-waypoint.yaml",
-        "apiVersion: v1\nkind: Service\nmetadata:\n  name: waypoint\n  namespace: demo\n  labels: {gateway.networking.k8s.io/gateway-name: waypoint}\nspec:\n  clusterIP: 10.96.0.20\n  selector: {gateway.networking.k8s.io/gateway-name: waypoint}\n  ports:\n  - name: mesh\n    port: 15008\n",
     );
 }
 
@@ -258,12 +255,6 @@ fn main() -> anyhow::Result<()> {
         PodSpec::new("demo", "wp-server-v2", "node2", "server").label("app", "server-v2"),
     )?;
     let wp_client = add(&mut c, PodSpec::new("demo", "wp-client", "node1", "client"))?;
-    let wp_pod = add(
-        &mut c,
-        PodSpec::new("demo", "waypoint-0", "node1", "waypoint")
-            .label("gateway.networking.k8s.io/gateway-name", "waypoint")
-            .label("istio.io/dataplane-mode", "none"),
-    )?;
     let _apps = [
         HttpApp::start(&plain_server.netns, any, &body)?,
         HttpApp::start(&l4_server.netns, any, &body)?,
@@ -275,8 +266,13 @@ fn main() -> anyhow::Result<()> {
         c.istiod.ip(),
         args.envoy_concurrency
     );
-    let waypoint = Waypoint::start(&wp_pod, &c.istiod, &[("PROXY_CONFIG", &proxy_config)]);
-    waypoint.wait_ready(Duration::from_secs(30));
+    // The waypoint as users get it: the controller deploys the Gateway, the kubelet runs it.
+    let _controller = WaypointController::start(&c);
+    let mut kubelet = Kubelet::new("node1", &[("PROXY_CONFIG", &proxy_config)]);
+    kubelet.run_until(&mut c, Duration::from_secs(60), |c| {
+        gateway_programmed(c.objects().path(), "demo", "waypoint")
+    });
+    let waypoint = kubelet.proxy("demo", "waypoint");
     let agent = waypoint
         .pid()
         .ok_or_else(|| anyhow::anyhow!("agent not running"))?;

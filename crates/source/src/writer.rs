@@ -39,8 +39,9 @@ pub enum WriteError {
 /// Where a controller writes.
 pub trait ObjectWriter: Send + Sync + 'static {
     /// Creates or replaces a whole object (`apiVersion`, `kind`, `metadata`, ...), as the
-    /// controller's field manager would with a forced server-side apply.
-    fn apply(&self, object: &Value) -> Result<(), WriteError>;
+    /// controller's field manager would with a forced server-side apply. Returns whether
+    /// anything changed.
+    fn apply(&self, object: &Value) -> Result<bool, WriteError>;
     /// Deletes an object this writer created; one it did not create is left alone.
     fn delete(&self, key: &ObjectKey) -> Result<(), WriteError>;
     /// Sets the `status` of the object `key` (`None` clears what this writer set).
@@ -92,7 +93,7 @@ impl DirectoryWriter {
 }
 
 impl ObjectWriter for DirectoryWriter {
-    fn apply(&self, object: &Value) -> Result<(), WriteError> {
+    fn apply(&self, object: &Value) -> Result<bool, WriteError> {
         let key = Object::from_value(object.clone())
             .map_err(|e| WriteError::Invalid(Box::new(e)))?
             .key();
@@ -126,19 +127,19 @@ impl ObjectWriter for DirectoryWriter {
             key: key.clone(),
             source,
         })?;
-        write_if_changed(&path, &text)
+        write_if_changed(&path, &text).map(|_| ())
     }
 }
 
 /// Writes `text` to `path` through a hidden temporary file and a rename (a watcher never reads
-/// half a file); an unchanged file is not touched.
-fn write_if_changed(path: &Path, text: &str) -> Result<(), WriteError> {
+/// half a file); an unchanged file is not touched (and `false` returned).
+fn write_if_changed(path: &Path, text: &str) -> Result<bool, WriteError> {
     let io = |source| WriteError::Io {
         path: path.to_path_buf(),
         source,
     };
     if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
-        return Ok(());
+        return Ok(false);
     }
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io)?;
@@ -148,7 +149,8 @@ fn write_if_changed(path: &Path, text: &str) -> Result<(), WriteError> {
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp"));
     std::fs::write(&tmp, text).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    std::fs::rename(&tmp, path).map_err(io)?;
+    Ok(true)
 }
 
 fn remove(path: &Path) -> Result<(), WriteError> {

@@ -5,8 +5,9 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec};
-use mesh_e2e::waypoint::Waypoint;
+use mesh_e2e::cluster::{MeshCluster, MeshPod};
+use mesh_e2e::controller::WaypointController;
+use mesh_e2e::kubelet::{gateway_programmed, Kubelet};
 use mesh_testutil::{http_request, HttpApp};
 
 use super::{step, until};
@@ -20,25 +21,21 @@ fn web_service(name: &str, vip: &str, selector: &str) -> String {
     )
 }
 
-const GATEWAY: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: waypoint\n  namespace: demo\nspec:\n  gatewayClassName: istio-waypoint\n  listeners:\n  - name: mesh\n    port: 15008\n    protocol: HBONE\n";
-
-const WAYPOINT_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: waypoint\n  namespace: demo\n  labels:\n    gateway.networking.k8s.io/gateway-name: waypoint\nspec:\n  clusterIP: 10.96.0.20\n  selector:\n    gateway.networking.k8s.io/gateway-name: waypoint\n  ports:\n  - name: mesh\n    port: 15008\n  - name: status-port\n    port: 15021\n";
-
 const SPLIT: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: web-split\n  namespace: demo\nspec:\n  parentRefs:\n  - group: \"\"\n    kind: Service\n    name: web\n    port: 80\n  rules:\n  - backendRefs:\n    - name: web-v1\n      port: 80\n      weight: 90\n    - name: web-v2\n      port: 80\n      weight: 10\n";
 
 const DENY_ADMIN: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-admin\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: web\n  action: DENY\n  rules:\n  - to:\n    - operation:\n        methods: [GET]\n        paths: [\"/admin*\"]\n";
 
 /// What the L7 part keeps running until the demo ends.
 pub struct L7 {
-    _waypoint: Waypoint,
+    kubelet: Kubelet,
+    _controller: WaypointController,
     _apps: Vec<HttpApp>,
-    pod: MeshPod,
 }
 
 impl L7 {
     /// How to look at the waypoint while the demo is kept running.
     pub fn explore(&self) {
-        let ns = self.pod.netns.name();
+        let ns = self.kubelet.proxy("demo", "waypoint").netns().name();
         println!("  ip netns exec {ns} curl -s localhost:15000/config_dump | less   # the waypoint's Envoy");
         println!("  ip netns exec {ns} curl -s localhost:15020/stats/prometheus | grep rbac");
     }
@@ -57,9 +54,7 @@ fn get(client: &MeshPod, method: &str, path: &str) -> Option<(u16, String)> {
 }
 
 pub fn run(c: &mut MeshCluster, client: &MeshPod, servers: &[&MeshPod]) -> Result<L7, String> {
-    step("deploying a waypoint for namespace demo: Gateway `waypoint` (class istio-waypoint) and its pod, running `pilot-agent proxy waypoint` with Envoy 1.40");
-    c.objects().write("gateway-waypoint.yaml", GATEWAY);
-    c.objects().write("svc-waypoint.yaml", WAYPOINT_SERVICE);
+    step("deploying a waypoint for namespace demo: `istioctl waypoint apply -n demo` writes Gateway `waypoint` (class istio-waypoint); the waypoint controller makes its ServiceAccount, Deployment and Service; the local kubelet runs the pod (`pilot-agent proxy waypoint` with Envoy 1.40)");
     c.objects().write(
         "svc-web.yaml",
         &format!(
@@ -69,24 +64,34 @@ pub fn run(c: &mut MeshCluster, client: &MeshPod, servers: &[&MeshPod]) -> Resul
             web_service("web-v2", "10.96.0.32", "version: v2"),
         ),
     );
-    let pod = c
-        .add_pod(
-            PodSpec::new("demo", "waypoint-5c7d9", "node1", "waypoint")
-                .label("gateway.networking.k8s.io/gateway-name", "waypoint")
-                .label("istio.io/dataplane-mode", "none"),
-        )
-        .map_err(|e| e.to_string())?;
+    let out = std::process::Command::new(mesh_e2e::bins::binary("istioctl"))
+        .args(["waypoint", "apply", "-n", "demo", "--config-dir"])
+        .arg(c.objects().path())
+        .output()
+        .map_err(|e| format!("istioctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "istioctl waypoint apply: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    print!("  {}", String::from_utf8_lossy(&out.stdout));
     let mut apps = Vec::new();
     for s in servers {
         let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, WEB_PORT));
         let version = s.spec.labels.get("version").cloned().unwrap_or_default();
         apps.push(HttpApp::start(&s.netns, any, &version).map_err(|e| e.to_string())?);
     }
-    let waypoint = Waypoint::start(&pod, &c.istiod, &[]);
-    waypoint.wait_ready(Duration::from_secs(30));
+    let controller = WaypointController::start(c);
+    let mut kubelet = Kubelet::new("node1", &[]);
+    kubelet.run_until(c, Duration::from_secs(60), |c| {
+        gateway_programmed(c.objects().path(), "demo", "waypoint")
+    });
+    let waypoint = kubelet.proxy("demo", "waypoint");
     println!(
-        "  waypoint {} ready on 15021; Envoy rejected {} cluster and {} listener updates",
-        pod.ip,
+        "  Gateway demo/waypoint Programmed; pod {} ({}) ready on 15021; Envoy rejected {} cluster and {} listener updates",
+        kubelet.pod_name("demo", "waypoint").unwrap_or_default(),
+        waypoint.ip(),
         waypoint.stat("cluster_manager.cds.update_rejected"),
         waypoint.stat("listener_manager.lds.update_rejected")
     );
@@ -130,8 +135,8 @@ pub fn run(c: &mut MeshCluster, client: &MeshPod, servers: &[&MeshPod]) -> Resul
         println!("  {line}");
     }
     Ok(L7 {
-        _waypoint: waypoint,
+        kubelet,
+        _controller: controller,
         _apps: apps,
-        pod,
     })
 }
