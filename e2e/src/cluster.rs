@@ -123,7 +123,11 @@ impl PodSpec {
             }
         }
         if let Some((kind, name)) = &self.owner {
-            let api = if kind == "ReplicaSet" { "apps/v1" } else { "v1" };
+            let api = if kind == "ReplicaSet" {
+                "apps/v1"
+            } else {
+                "v1"
+            };
             labels.push_str(&format!(
                 "  ownerReferences:\n  - apiVersion: {api}\n    kind: {kind}\n    name: {name}\n    uid: uid-{kind}-{name}\n    controller: true\n"
             ));

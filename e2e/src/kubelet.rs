@@ -48,10 +48,7 @@ fn is_proxy(d: &Deployment) -> bool {
         .map(|s| s.containers.as_slice())
         .unwrap_or_default();
     containers.iter().any(|c| {
-        c.name == "istio-proxy"
-            && c.image
-                .as_deref()
-                .is_some_and(|i| i.contains("/proxyv2:"))
+        c.name == "istio-proxy" && c.image.as_deref().is_some_and(|i| i.contains("/proxyv2:"))
     })
 }
 
@@ -95,7 +92,11 @@ impl Kubelet {
         }
         for (key, d) in &deployments {
             let hash = template_hash(d);
-            if self.running.get(key).is_some_and(|r| r.template_hash != hash) {
+            if self
+                .running
+                .get(key)
+                .is_some_and(|r| r.template_hash != hash)
+            {
                 self.stop(c, key);
             }
             if !self.running.contains_key(key) {
@@ -136,7 +137,10 @@ impl Kubelet {
                 let logs: String = (self.running.values())
                     .map(|r| format!("--- {}\n{}", r.pod, r.proxy.log()))
                     .collect();
-                panic!("not done after {limit:?}; kubelet {self:?}\n{logs}\n{}", c.logs());
+                panic!(
+                    "not done after {limit:?}; kubelet {self:?}\n{logs}\n{}",
+                    c.logs()
+                );
             }
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -181,7 +185,10 @@ impl Kubelet {
             &key.namespace,
             &pod_name,
             &self.node,
-            pod_spec.service_account_name.as_deref().unwrap_or("default"),
+            pod_spec
+                .service_account_name
+                .as_deref()
+                .unwrap_or("default"),
         )
         .owned_by("ReplicaSet", &replica_set);
         spec.labels = meta.labels.unwrap_or_default();

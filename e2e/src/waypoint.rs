@@ -27,7 +27,10 @@ pub fn envoy_path() -> PathBuf {
 
 /// The downward API's rendering of labels (`key="value"` lines).
 fn downward_labels(labels: &BTreeMap<String, String>) -> String {
-    labels.iter().map(|(k, v)| format!("{k}=\"{v}\"\n")).collect()
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{v}\"\n"))
+        .collect()
 }
 
 /// Kubernetes' `$(VAR)` expansion against the variables defined so far (unknown ones stay).
@@ -45,13 +48,20 @@ fn mount_volume(path: &Path, volume: &Volume, pod: &MeshPod, istiod: &Istiod) {
     if let Some(projected) = &volume.projected {
         for source in projected.sources.iter().flatten() {
             if let Some(token) = &source.service_account_token {
-                assert_eq!(token.audience.as_deref(), Some("istio-ca"), "token audience");
+                assert_eq!(
+                    token.audience.as_deref(),
+                    Some("istio-ca"),
+                    "token audience"
+                );
                 let jwt = istiod.add_workload_token(&spec.namespace, &spec.service_account);
                 std::fs::write(path.join(&token.path), jwt).expect("token");
             }
         }
     } else if let Some(cm) = &volume.config_map {
-        assert_eq!(cm.name, "istio-ca-root-cert", "the only ConfigMap the harness has");
+        assert_eq!(
+            cm.name, "istio-ca-root-cert",
+            "the only ConfigMap the harness has"
+        );
         std::fs::copy(istiod.root_cert(), path.join("root-cert.pem")).expect("root cert");
     } else if let Some(downward) = &volume.downward_api {
         for item in downward.items.iter().flatten() {
@@ -174,19 +184,24 @@ impl Waypoint {
         for var in container.env.iter().flatten() {
             let value = match (&var.value, &var.value_from) {
                 (Some(v), _) => expand(v, &env),
-                (None, Some(from)) => match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
-                    Some("metadata.name") => pod.spec.name.clone(),
-                    Some("metadata.namespace") => pod.spec.namespace.clone(),
-                    Some("status.podIP" | "status.hostIP") => pod.ip.to_string(),
-                    Some("spec.serviceAccountName") => pod.spec.service_account.clone(),
-                    Some("spec.nodeName") => pod.spec.node.clone(),
-                    // Resource limits: the pod has none.
-                    _ => continue,
-                },
+                (None, Some(from)) => {
+                    match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                        Some("metadata.name") => pod.spec.name.clone(),
+                        Some("metadata.namespace") => pod.spec.namespace.clone(),
+                        Some("status.podIP" | "status.hostIP") => pod.ip.to_string(),
+                        Some("spec.serviceAccountName") => pod.spec.service_account.clone(),
+                        Some("spec.nodeName") => pod.spec.node.clone(),
+                        // Resource limits: the pod has none.
+                        _ => continue,
+                    }
+                }
                 (None, None) => String::new(),
             };
             let istiod_host = format!("{}:", istiod.ip());
-            env.push((var.name.clone(), value.replace("istiod.istio-system.svc:", &istiod_host)));
+            env.push((
+                var.name.clone(),
+                value.replace("istiod.istio-system.svc:", &istiod_host),
+            ));
         }
         env.extend(harness_env());
         override_env(&mut env, extra);

@@ -157,6 +157,16 @@ fn eventually(mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
+/// The sum of `istio_requests_total` samples having every one of `labels`.
+fn request_count(metrics: &str, labels: &[&str]) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("istio_requests_total{"))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Counts bodies over `n` requests.
 fn tally(netns: &Netns, n: usize, headers: &[(&str, &str)]) -> (usize, usize, usize) {
     let (mut v1, mut v2, mut other) = (0, 0, 0);
@@ -199,7 +209,12 @@ fn waypoint_routes_http_between_ztunnels() {
         "cluster_manager.cds.update_rejected",
         "listener_manager.lds.update_rejected",
     ] {
-        assert_eq!(app.waypoint().stat(stat), 0, "{stat}\n{}", app.waypoint().log());
+        assert_eq!(
+            app.waypoint().stat(stat),
+            0,
+            "{stat}\n{}",
+            app.waypoint().log()
+        );
     }
     let dump = app.waypoint().admin("/config_dump");
     for name in [
@@ -233,6 +248,38 @@ fn waypoint_routes_http_between_ztunnels() {
     );
     assert_eq!(app.v1.hits() + app.v2.hits(), before + 20);
 
+    // Istio's request metrics on 15020, from Envoy's access log stream, and a log line each.
+    let counted = eventually(|| {
+        request_count(
+            &app.waypoint().metrics(),
+            &[
+                "reporter=\"waypoint\"",
+                "source_principal=\"spiffe://cluster.local/ns/demo/sa/client\"",
+                "source_workload_namespace=\"demo\"",
+                "destination_service=\"server.demo.svc.cluster.local\"",
+                "destination_workload=\"server-v1\"",
+                "destination_principal=\"spiffe://cluster.local/ns/demo/sa/server\"",
+                "response_code=\"200\"",
+            ],
+        ) >= v1 as u64
+    });
+    assert!(
+        counted,
+        "istio_requests_total\n{}",
+        app.waypoint().metrics()
+    );
+    let metrics = app.waypoint().metrics();
+    assert!(metrics.contains("# TYPE istio_requests_total counter"));
+    assert!(metrics.contains("istio_request_duration_milliseconds_bucket{"));
+    assert!(metrics.contains("istio_response_bytes_sum{"));
+    assert!(
+        app.waypoint()
+            .log()
+            .contains("\"GET / HTTP/1.1\" 200 - via_upstream"),
+        "an access log line per request\n{}",
+        app.waypoint().log()
+    );
+
     // An HTTPRoute: 90/10 split, and the header match pins v2.
     c.objects().write("route.yaml", SPLIT);
     let applied = eventually(|| {
@@ -249,7 +296,10 @@ fn waypoint_routes_http_between_ztunnels() {
         (6..=34).contains(&v2),
         "90/10 split over 200: v1 {v1}, v2 {v2}"
     );
-    assert_eq!(app.waypoint().stat("listener_manager.lds.update_rejected"), 0);
+    assert_eq!(
+        app.waypoint().stat("listener_manager.lds.update_rejected"),
+        0
+    );
 }
 
 const DENY_ADMIN: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-admin\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: server\n  action: DENY\n  rules:\n  - to:\n    - operation:\n        methods: [GET]\n        paths: [\"/admin*\"]\n";
@@ -316,7 +366,10 @@ fn waypoint_enforces_routes_policies_retries_and_timeouts() {
     for _ in 0..10 {
         assert_eq!(status(get(client, "/", &[])), 200);
     }
-    assert_eq!(app.waypoint().stat("listener_manager.lds.update_rejected"), 0);
+    assert_eq!(
+        app.waypoint().stat("listener_manager.lds.update_rejected"),
+        0
+    );
 
     // Removing both policies opens the path again.
     c.objects().remove("deny.yaml");
@@ -445,8 +498,12 @@ fn waypoint_controller_deploys_binds_and_removes_waypoints() {
     let v1_pod = c
         .add_pod(PodSpec::new("demo", "server-v1", "node2", "server").label("app", "server"))
         .expect("server pod");
-    let _v1 = HttpApp::start(&v1_pod.netns, SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT)), "v1")
-        .expect("app");
+    let _v1 = HttpApp::start(
+        &v1_pod.netns,
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT)),
+        "v1",
+    )
+    .expect("app");
     let client = c
         .add_pod(PodSpec::new("demo", "client", "node1", "client"))
         .expect("client pod");
@@ -484,7 +541,9 @@ fn waypoint_controller_deploys_binds_and_removes_waypoints() {
         "{}",
         controller.log()
     );
-    let pod = kubelet.pod_name("demo", "waypoint").expect("a waypoint pod");
+    let pod = kubelet
+        .pod_name("demo", "waypoint")
+        .expect("a waypoint pod");
     assert!(pod.starts_with("waypoint-"), "{pod}");
     assert!(
         eventually(|| status(get(&client.netns, "/", &[])) == 403),
@@ -493,12 +552,21 @@ fn waypoint_controller_deploys_binds_and_removes_waypoints() {
         c.logs()
     );
     let denied = get(&client.netns, "/", &[]).expect("answer");
-    assert_eq!(denied.body, "RBAC: access denied", "the waypoint's Envoy answered");
+    assert_eq!(
+        denied.body, "RBAC: access denied",
+        "the waypoint's Envoy answered"
+    );
 
     // `istio.io/use-waypoint: none` on the Service opts it out.
     c.objects().write(
         "svc-server.yaml",
-        &service("server", SERVER_VIP, "app: server", "istio.io/use-waypoint: none", HTTP_PORT),
+        &service(
+            "server",
+            SERVER_VIP,
+            "app: server",
+            "istio.io/use-waypoint: none",
+            HTTP_PORT,
+        ),
     );
     assert!(
         eventually(|| status(get(&client.netns, "/", &[])) == 200),

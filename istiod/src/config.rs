@@ -72,6 +72,11 @@ pub struct Config {
     #[arg(long, env = "DOMAIN_SUFFIX", default_value = "cluster.local")]
     pub domain_suffix: String,
 
+    /// Where waypoints write one access log line per request, in Istio's default text format
+    /// (mesh config `accessLogFile`); empty turns the log off.
+    #[arg(long, env = "ACCESS_LOG_FILE", default_value = "/dev/stdout")]
+    pub access_log_file: String,
+
     /// Namespace whose selector-less policies apply mesh-wide.
     #[arg(long, env = "ROOT_NAMESPACE", default_value = "istio-system")]
     pub root_namespace: String,

@@ -24,6 +24,7 @@ mod inputs;
 mod listeners;
 mod rbac;
 mod routes;
+mod telemetry;
 mod tls;
 
 use std::collections::BTreeMap;
@@ -41,6 +42,8 @@ pub use routes::RouteError;
 /// The HBONE port a waypoint listens on and dials pods at.
 pub const HBONE_PORT: u16 = 15008;
 /// Listener and cluster names, as istiod names them (tools and dashboards look for them).
+pub use telemetry::ISTIO_TEXT_FORMAT;
+
 pub mod names {
     pub const CONNECT_TERMINATE: &str = "connect_terminate";
     pub const MAIN_INTERNAL: &str = "main_internal";
@@ -59,6 +62,17 @@ pub mod names {
     pub const FS_LOCAL_PRINCIPAL: &str = "io.istio.local_principal";
     /// Endpoint metadata namespace read by `original_dst` on internal listeners.
     pub const ORIGINAL_DST_METADATA: &str = "envoy.filters.listener.original_dst";
+    /// Endpoint metadata Istio attaches (`istio.workload`), and the identity beside it.
+    pub const ISTIO_METADATA: &str = "istio";
+    pub const WORKLOAD_METADATA_KEY: &str = "workload";
+    pub const PRINCIPAL_METADATA_KEY: &str = "principal";
+    /// The bootstrap's static cluster of pilot-agent's access log service (request metrics).
+    pub const TELEMETRY_CLUSTER: &str = "agent-telemetry";
+    /// The access log name and custom tags the agent reads.
+    pub const TELEMETRY_LOG_NAME: &str = "waypoint";
+    pub const TAG_DESTINATION_SERVICE: &str = "destination_service";
+    pub const TAG_DESTINATION_WORKLOAD: &str = "destination_workload";
+    pub const TAG_DESTINATION_PRINCIPAL: &str = "destination_principal";
 
     /// `inbound-vip|<port>|<http|tcp>|<hostname>`.
     pub fn vip_cluster(port: u16, protocol: &str, hostname: &str) -> String {

@@ -49,6 +49,9 @@ pub struct ModelConfig {
     pub root_namespace: String,
     /// Default network of workloads and services (`topology.istio.io/network` overrides).
     pub network: String,
+    /// Where waypoints write an access log line per request (mesh config `accessLogFile`);
+    /// empty for none.
+    pub access_log_file: String,
 }
 
 impl Default for ModelConfig {
@@ -59,6 +62,7 @@ impl Default for ModelConfig {
             domain_suffix: "cluster.local".into(),
             root_namespace: "istio-system".into(),
             network: String::new(),
+            access_log_file: "/dev/stdout".into(),
         }
     }
 }

@@ -352,6 +352,7 @@ fn start_pipeline(
         trust_domain: config.trust_domain.clone(),
         domain_suffix: config.domain_suffix.clone(),
         root_namespace: config.root_namespace.clone(),
+        access_log_file: config.access_log_file.clone(),
         network: config.network.clone(),
     });
     let debounce = DebounceConfig {

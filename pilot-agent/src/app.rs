@@ -16,7 +16,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::admin::EnvoyAdmin;
 use crate::config::{self, Config};
-use crate::{bootstrap, envoy, sds, status, xds_proxy};
+use crate::{bootstrap, envoy, sds, status, telemetry, xds_proxy};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -99,12 +99,22 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         "xDS",
     ));
 
+    let metrics = Metrics::new();
+    let telemetry_listener = unix_listener(&cfg.path(config::TELEMETRY_SOCKET))?;
+    let als = telemetry::AccessLogServer::new(telemetry::RequestMetrics::new(&metrics));
+    tokio::spawn(serve_unix(
+        telemetry_listener,
+        als.into_service(),
+        shutdown.clone(),
+        "access log",
+    ));
+
     let admin = EnvoyAdmin::new(config::ADMIN_PORT);
     let state = status::StatusState {
         admin: admin.clone(),
         xds: xds_status,
         certs,
-        metrics: Metrics::new(),
+        metrics,
         shutdown: Arc::clone(&trigger),
     };
     let server =

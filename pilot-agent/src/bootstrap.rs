@@ -70,6 +70,7 @@ pub fn render(cfg: &Config, labels: &std::collections::BTreeMap<String, String>)
             "clusters": [
                 grpc_cluster("xds-grpc", config::XDS_SOCKET),
                 grpc_cluster("sds-grpc", config::SDS_SOCKET),
+                grpc_cluster(config::TELEMETRY_CLUSTER, config::TELEMETRY_SOCKET),
                 {
                     "name": "prometheus_stats",
                     "type": "STATIC",

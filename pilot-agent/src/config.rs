@@ -43,6 +43,9 @@ pub const TOKEN_PATH: &str = "var/run/secrets/tokens/istio-token";
 pub const ROOT_CERT_PATH: &str = "var/run/secrets/istio/root-cert.pem";
 pub const SDS_SOCKET: &str = "var/run/secrets/workload-spiffe-uds/socket";
 pub const XDS_SOCKET: &str = "etc/istio/proxy/XDS";
+/// The agent's access log service (request metrics), and the bootstrap cluster reaching it.
+pub const TELEMETRY_SOCKET: &str = "etc/istio/proxy/telemetry";
+pub const TELEMETRY_CLUSTER: &str = "agent-telemetry";
 pub const BOOTSTRAP_PATH: &str = "etc/istio/proxy/envoy-rev.json";
 pub const POD_LABELS_PATH: &str = "etc/istio/pod/labels";
 

@@ -5,6 +5,7 @@
 //! - `sds`: the proxy certificate and mesh roots for Envoy, rotated at half life;
 //! - `xds_proxy`: Envoy's ADS relayed to istiod over TLS with the pod's token;
 //! - `envoy`: starting, restarting and draining Envoy;
+//! - `telemetry`: Istio's request metrics from Envoy's access log stream;
 //! - `status`: readiness, merged Prometheus metrics, `/quitquitquit` on 15020.
 
 pub mod admin;
@@ -14,4 +15,5 @@ pub mod config;
 pub mod envoy;
 pub mod sds;
 pub mod status;
+pub mod telemetry;
 pub mod xds_proxy;

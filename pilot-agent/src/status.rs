@@ -70,14 +70,12 @@ async fn ready(State(state): State<StatusState>) -> Response {
 }
 
 async fn stats(State(state): State<StatusState>) -> Response {
-    let mut body = state.metrics.render();
+    let mut body = openmetrics_to_prometheus(&state.metrics.render());
     match state.admin.get("/stats/prometheus").await {
         Ok((200, envoy)) => {
             if !body.is_empty() && !body.ends_with('\n') {
                 body.push('\n');
             }
-            // Our registry ends with `# EOF` (OpenMetrics); the merged text is plain Prometheus.
-            body = body.replace("# EOF\n", "");
             body.push_str(&envoy);
         }
         Ok((code, _)) => tracing::debug!(code, "Envoy stats unavailable"),
@@ -91,6 +89,33 @@ async fn stats(State(state): State<StatusState>) -> Response {
         body,
     )
         .into_response()
+}
+
+/// Our registry writes OpenMetrics (counter families named without `_total`, a final
+/// `# EOF`); the merged text is Prometheus 0.0.4 as Envoy's is, where a counter's `# TYPE`
+/// and `# HELP` name its `_total` samples.
+fn openmetrics_to_prometheus(text: &str) -> String {
+    let counters: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# TYPE ", "# HELP "].iter().find_map(|p| {
+            let rest = line.strip_prefix(p)?;
+            let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+            counters
+                .contains(&name)
+                .then(|| format!("{p}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
 }
 
 async fn quit(State(state): State<StatusState>) -> Response {
@@ -107,5 +132,18 @@ async fn drain(State(state): State<StatusState>) -> Response {
         )
             .into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counters_are_named_as_prometheus_expects() {
+        let om = "# HELP istio_requests Requests.\n# TYPE istio_requests counter\nistio_requests_total{a=\"b\"} 3\n# TYPE g gauge\ng 1\n# EOF\n";
+        let text = super::openmetrics_to_prometheus(om);
+        assert_eq!(
+            text,
+            "# HELP istio_requests_total Requests.\n# TYPE istio_requests_total counter\nistio_requests_total{a=\"b\"} 3\n# TYPE g gauge\ng 1\n"
+        );
     }
 }

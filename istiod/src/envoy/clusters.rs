@@ -163,7 +163,15 @@ fn load_assignment(svc: &BoundService, port: u16, protocol: Protocol) -> Cluster
             let target = std::net::SocketAddr::new(e.ip, e.target_port(port)?);
             let id = target.to_string();
             let addr = internal_address(names::CONNECT_ORIGINATE, &id);
-            Some(lb_endpoint(addr, Some(original_dst_metadata(&id))))
+            let mut metadata = original_dst_metadata(&id);
+            metadata.filter_metadata.insert(
+                names::ISTIO_METADATA.to_string(),
+                string_struct(&[
+                    (names::WORKLOAD_METADATA_KEY, &e.workload),
+                    (names::PRINCIPAL_METADATA_KEY, &e.principal),
+                ]),
+            );
+            Some(lb_endpoint(addr, Some(metadata)))
         })
         .collect();
     ClusterLoadAssignment {
@@ -201,18 +209,25 @@ fn lb_endpoint(address: Address, metadata: Option<Metadata>) -> LbEndpoint {
 }
 
 /// `envoy.filters.listener.original_dst: {local: "<ip:port>"}`.
+/// A struct of string fields.
+fn string_struct(fields: &[(&str, &str)]) -> Struct {
+    let fields = (fields.iter())
+        .map(|(k, v)| {
+            let value = Value {
+                kind: Some(ValueKind::StringValue(v.to_string())),
+            };
+            (k.to_string(), value)
+        })
+        .collect();
+    Struct { fields }
+}
+
 fn original_dst_metadata(local: &str) -> Metadata {
-    let fields = [(
-        "local".to_string(),
-        Value {
-            kind: Some(ValueKind::StringValue(local.to_string())),
-        },
-    )]
-    .into_iter()
-    .collect();
     let mut md = Metadata::default();
-    md.filter_metadata
-        .insert(names::ORIGINAL_DST_METADATA.to_string(), Struct { fields });
+    md.filter_metadata.insert(
+        names::ORIGINAL_DST_METADATA.to_string(),
+        string_struct(&[("local", local)]),
+    );
     md
 }
 

@@ -88,6 +88,10 @@ pub struct Endpoint {
     pub healthy: bool,
     /// The workload's labels (for DestinationRule subsets and route backends).
     pub labels: std::collections::BTreeMap<String, String>,
+    /// Who it is, for telemetry: `workload;namespace;canonical service;canonical
+    /// revision;cluster` (Istio's endpoint metadata format) and its SPIFFE identity.
+    pub workload: String,
+    pub principal: String,
 }
 
 impl Endpoint {
@@ -132,6 +136,8 @@ pub struct WaypointInputs {
     pub key: WaypointKey,
     pub trust_domain: String,
     pub domain_suffix: String,
+    /// The access log file (empty: none).
+    pub access_log_file: String,
     /// Sorted by hostname.
     pub services: Vec<BoundService>,
 }

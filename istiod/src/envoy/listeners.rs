@@ -221,7 +221,12 @@ fn main_internal(inputs: &WaypointInputs, routes: &[ServiceRoutes]) -> Listener 
             let cluster = names::vip_cluster(port.port, port.protocol.family(), &svc.hostname);
             let filter = match (port.protocol, svc_routes.by_port.get(&port.port)) {
                 (Protocol::Tcp, _) | (_, None) => None,
-                (_, Some(rc)) => Some(http_chain_filter(&cluster, rc.clone(), &svc_routes.rbac)),
+                (_, Some(rc)) => Some(http_chain_filter(
+                    &cluster,
+                    rc.clone(),
+                    &svc_routes.rbac,
+                    &inputs.access_log_file,
+                )),
             };
             let filters = match filter {
                 Some(hcm) => vec![hcm],
@@ -352,6 +357,7 @@ fn http_chain_filter(
         String,
         mesh_proto::envoy::pb::envoy::extensions::filters::http::rbac::v3::Rbac,
     )],
+    access_log_file: &str,
 ) -> Filter {
     let mut http_filters: Vec<HttpFilter> = rbac
         .iter()
@@ -364,6 +370,10 @@ fn http_chain_filter(
         route_specifier: Some(RouteSpecifier::RouteConfig(route_config)),
         http_filters,
         normalize_path: Some(super::any::bool_value(true)),
+        access_log: super::telemetry::http_access_logs(
+            access_log_file,
+            cluster.rsplit('|').next().unwrap_or_default(),
+        ),
         ..HttpConnectionManager::default()
     };
     network_filter("envoy.filters.network.http_connection_manager", pack(&hcm))

@@ -23,6 +23,8 @@ fn endpoint(addr: &str, version: &str) -> Endpoint {
         target_ports: vec![(80, 8080), (9000, 9000)],
         healthy: true,
         labels: [("version".to_string(), version.to_string())].into(),
+        workload: format!("echo-{version};shop;echo;{version};Kubernetes"),
+        principal: "spiffe://cluster.local/ns/shop/sa/echo".into(),
     }
 }
 
@@ -217,6 +219,7 @@ fn inputs() -> WaypointInputs {
         },
         trust_domain: "cluster.local".into(),
         domain_suffix: "cluster.local".into(),
+        access_log_file: "/dev/stdout".into(),
         services: vec![
             echo,
             service("echo-v1", "10.96.0.11", vec![endpoint("10.1.0.5", "v1")]),
@@ -479,7 +482,7 @@ fn validation_bootstrap(res: &ProxyResources) -> Vec<u8> {
         c.load_assignment = Some(cla);
         clusters.push(c);
     }
-    for name in ["sds-grpc", "xds-grpc"] {
+    for name in ["sds-grpc", "xds-grpc", names::TELEMETRY_CLUSTER] {
         let mut c = Cluster {
             name: name.into(),
             cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
@@ -568,4 +571,52 @@ fn envoy_validates_the_generated_waypoint_config() {
         "envoy rejected the config:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("OK"), "{stdout}");
+}
+
+#[test]
+fn http_chains_log_requests_to_the_agent_and_to_the_access_log_file() {
+    use mesh_proto::envoy::pb::envoy::config::accesslog::v3::access_log::ConfigType;
+    use mesh_proto::envoy::pb::envoy::extensions::access_loggers::grpc::v3::HttpGrpcAccessLogConfig;
+    let res = generate_waypoint(&inputs(), 1);
+    let hcm = chain_hcm(&res, "inbound-vip|80|http|echo.shop.svc.cluster.local");
+    let names: Vec<&str> = hcm.access_log.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "envoy.access_loggers.http_grpc",
+            "envoy.access_loggers.file"
+        ]
+    );
+    let Some(ConfigType::TypedConfig(any)) = &hcm.access_log[0].config_type else {
+        panic!("no typed config");
+    };
+    let als = HttpGrpcAccessLogConfig::decode(any.value.as_slice()).expect("als");
+    let common = als.common_config.expect("common");
+    assert_eq!(
+        common.filter_state_objects_to_log,
+        [names::FS_PEER_PRINCIPAL]
+    );
+    let tags: Vec<&str> = common.custom_tags.iter().map(|t| t.tag.as_str()).collect();
+    assert_eq!(
+        tags,
+        [
+            "destination_service",
+            "destination_workload",
+            "destination_principal"
+        ]
+    );
+    let dump = format!("{:?}", common.custom_tags[0]);
+    assert!(dump.contains("echo.shop.svc.cluster.local"), "{dump}");
+    // Endpoints carry the workload Istio-style for the destination labels.
+    let eds: Vec<ClusterLoadAssignment> = decode(&res, type_url::ENDPOINT);
+    let md = format!("{:?}", eds[0].endpoints[0].lb_endpoints[0].metadata);
+    assert!(md.contains("echo-v1;shop;echo;v1;Kubernetes"), "{md}");
+    // No file log when the mesh turns it off.
+    let mut quiet = inputs();
+    quiet.access_log_file.clear();
+    let hcm = chain_hcm(
+        &generate_waypoint(&quiet, 1),
+        "inbound-vip|80|http|echo.shop.svc.cluster.local",
+    );
+    assert_eq!(hcm.access_log.len(), 1);
 }

@@ -80,6 +80,7 @@ impl Model {
                     },
                     trust_domain: cfg.trust_domain.clone(),
                     domain_suffix: cfg.domain_suffix.clone(),
+                    access_log_file: cfg.access_log_file.clone(),
                     services: Vec::new(),
                 },
                 0,

@@ -240,6 +240,7 @@ impl WaypointIndex {
             key: wp.clone(),
             trust_domain: cfg.trust_domain.clone(),
             domain_suffix: cfg.domain_suffix.clone(),
+            access_log_file: cfg.access_log_file.clone(),
             services,
         }
     }
@@ -392,11 +393,21 @@ fn endpoint(state: &State, addresses: &ResourceMap, uid: &str, svc_key: &str) ->
         Some(o) => meta_labels(o.metadata()).clone(),
         None => BTreeMap::new(),
     };
+    let workload = format!(
+        "{};{};{};{};{}",
+        w.workload_name, w.namespace, w.canonical_name, w.canonical_revision, w.cluster_id
+    );
+    let principal = format!(
+        "spiffe://{}/ns/{}/sa/{}",
+        w.trust_domain, w.namespace, w.service_account
+    );
     Some(Endpoint {
         ip,
         target_ports,
         healthy: w.status == mesh_proto::workload::WorkloadStatus::Healthy as i32,
         labels,
+        workload,
+        principal,
     })
 }
 
