@@ -75,6 +75,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 waypoint::WaypointCommand::Apply(a) => waypoint::apply(&a)?,
                 waypoint::WaypointCommand::List(a) => waypoint::list(&a),
                 waypoint::WaypointCommand::Delete(a) => waypoint::delete(&a)?,
+                waypoint::WaypointCommand::Status(a) => waypoint::status(&a)?,
             };
             print!("{out}");
             Ok(ExitCode::SUCCESS)

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use mesh_api::{label, Gateway, Object, WAYPOINT_CLASS};
 
@@ -25,6 +26,8 @@ pub enum WaypointCommand {
     List(ListArgs),
     /// Delete waypoints written by `apply`.
     Delete(DeleteArgs),
+    /// Show whether waypoints are programmed (waits for them by default).
+    Status(StatusArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -51,9 +54,11 @@ pub struct ApplyArgs {
     /// Replace an existing `istio.io/use-waypoint` label of the namespace.
     #[arg(long)]
     pub overwrite: bool,
-    /// Wait for the waypoint to be programmed.
+    /// Wait for the waypoint to be programmed (up to --timeout).
     #[arg(long)]
     pub wait: bool,
+    #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
     #[arg(long, env = "ISTIOD_CONFIG_DIR")]
     pub config_dir: PathBuf,
 }
@@ -64,6 +69,23 @@ pub struct ListArgs {
     pub namespace: String,
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
+    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
+    pub config_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// One waypoint (all of the namespace when absent).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Wait until every waypoint shown is programmed.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub wait: bool,
+    /// How long to wait.
+    #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
     #[arg(long, env = "ISTIOD_CONFIG_DIR")]
     pub config_dir: PathBuf,
 }
@@ -95,8 +117,13 @@ pub enum WaypointError {
         file: String,
         name: String,
     },
-    #[error("--wait needs the waypoint controller to write the Gateway's Programmed condition, which this release does not have yet; check readiness on the waypoint pod's port 15021")]
-    WaitUnsupported,
+    #[error("waypoint {namespace}/{name} is not programmed after {waited:?}: {why}; is the waypoint controller running, and is the waypoint pod ready on 15021?")]
+    NotProgrammed {
+        namespace: String,
+        name: String,
+        waited: Duration,
+        why: String,
+    },
     #[error("waypoint {namespace}/{name} was not written by `istioctl waypoint apply` ({file}); remove it from that file")]
     NotOurs {
         namespace: String,
@@ -124,7 +151,7 @@ impl WaypointError {
             WaypointError::ReservedName => "reserved_name",
             WaypointError::LabelExists { .. } => "label_exists",
             WaypointError::SharedFile { .. } => "shared_file",
-            WaypointError::WaitUnsupported => "wait_unsupported",
+            WaypointError::NotProgrammed { .. } => "not_programmed",
             WaypointError::NotOurs { .. } => "not_ours",
             WaypointError::NotFound { .. } => "not_found",
             WaypointError::NothingToDelete => "nothing_to_delete",
@@ -186,9 +213,6 @@ fn write_atomic(path: &Path, text: &str) -> Result<(), WaypointError> {
 }
 
 pub fn apply(args: &ApplyArgs) -> Result<String, WaypointError> {
-    if args.wait {
-        return Err(WaypointError::WaitUnsupported);
-    }
     let g = &args.gateway;
     let yaml = gateway_yaml(g)?;
     let mut out = String::new();
@@ -200,7 +224,97 @@ pub fn apply(args: &ApplyArgs) -> Result<String, WaypointError> {
         &yaml,
     )?;
     out.push_str(&format!("waypoint {}/{} applied\n", g.namespace, g.name));
+    if args.wait {
+        wait_programmed(&args.config_dir, &g.namespace, &g.name, args.timeout)?;
+        out.push_str(&format!("waypoint {}/{} is programmed\n", g.namespace, g.name));
+    }
     Ok(out)
+}
+
+/// The Gateway's `Programmed` condition: (status, reason, message), `None` before any.
+fn programmed(g: &Gateway) -> Option<(String, String, String)> {
+    let c = (g.status.as_ref())?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Programmed")?;
+    Some((c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Polls the directory every second until `namespace/name` is `Programmed=True`.
+fn wait_programmed(
+    dir: &Path,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<(), WaypointError> {
+    let start = Instant::now();
+    loop {
+        let found = waypoints(dir).into_iter().find(|(_, g)| {
+            g.metadata.namespace.as_deref().unwrap_or("default") == namespace
+                && g.metadata.name.as_deref() == Some(name)
+        });
+        let why = match found.as_ref().map(|(_, g)| programmed(g)) {
+            None => "the Gateway does not exist".to_string(),
+            Some(None) => "no status yet".to_string(),
+            Some(Some((status, _, _))) if status == "True" => return Ok(()),
+            Some(Some((_, reason, message))) => format!("{reason}: {message}"),
+        };
+        if start.elapsed() >= timeout {
+            return Err(WaypointError::NotProgrammed {
+                namespace: namespace.into(),
+                name: name.into(),
+                waited: timeout,
+                why,
+            });
+        }
+        std::thread::sleep(Duration::from_secs(1).min(timeout));
+    }
+}
+
+/// `NAME STATUS TYPE REASON MESSAGE` for the waypoints of a namespace (or one), after waiting
+/// for them to be programmed when asked.
+pub fn status(args: &StatusArgs) -> Result<String, WaypointError> {
+    let selected = |dir: &Path| -> Vec<Gateway> {
+        waypoints(dir)
+            .into_iter()
+            .map(|(_, g)| g)
+            .filter(|g| g.metadata.namespace.as_deref().unwrap_or("default") == args.namespace)
+            .filter(|g| args.name.is_none() || g.metadata.name == args.name)
+            .collect()
+    };
+    let found = selected(&args.config_dir);
+    if found.is_empty() {
+        return Err(WaypointError::NotFound {
+            namespace: args.namespace.clone(),
+            name: args.name.clone().unwrap_or_else(|| "*".into()),
+        });
+    }
+    if args.wait {
+        for g in &found {
+            let name = g.metadata.name.clone().unwrap_or_default();
+            wait_programmed(&args.config_dir, &args.namespace, &name, args.timeout)?;
+        }
+    }
+    let rows: Vec<Vec<String>> = selected(&args.config_dir)
+        .iter()
+        .map(|g| {
+            let (status, reason, message) = programmed(g).unwrap_or_else(|| {
+                ("False".into(), "Pending".into(), "no status yet".into())
+            });
+            vec![
+                g.metadata.name.clone().unwrap_or_default(),
+                status,
+                "Programmed".into(),
+                reason,
+                message,
+            ]
+        })
+        .collect();
+    Ok(table::render(
+        &["NAME", "STATUS", "TYPE", "REASON", "MESSAGE"],
+        &rows,
+        1,
+    ))
 }
 
 /// Labels the namespace `istio.io/use-waypoint=<name>`, writing its file back.
@@ -433,6 +547,7 @@ mod tests {
             enroll_namespace: true,
             overwrite,
             wait: false,
+            timeout: Duration::from_secs(1),
             config_dir: dir.path().to_path_buf(),
         };
         let out = apply(&apply_args(false, "waypoint")).expect("apply");
@@ -469,5 +584,42 @@ mod tests {
         .expect("delete");
         assert_eq!(del.lines().count(), 2, "{del}");
         assert_eq!(waypoints(dir.path()).len(), 0);
+    }
+
+    #[test]
+    fn wait_and_status_follow_the_programmed_condition() {
+        use mesh_source::ObjectWriter;
+        let dir = tempfile::tempdir().expect("dir");
+        let args = ApplyArgs {
+            gateway: gen("shop", "waypoint", None),
+            enroll_namespace: false,
+            overwrite: false,
+            wait: true,
+            timeout: Duration::from_millis(1500),
+            config_dir: dir.path().to_path_buf(),
+        };
+        let err = apply(&args).expect_err("nobody programs it");
+        assert_eq!(err.reason(), "not_programmed");
+        assert!(err.to_string().contains("no status yet"), "{err}");
+        let status_args = |wait: bool| StatusArgs {
+            namespace: "shop".into(),
+            name: None,
+            wait,
+            timeout: Duration::from_millis(1500),
+            config_dir: dir.path().to_path_buf(),
+        };
+        let table = status(&status_args(false)).expect("status");
+        assert!(table.contains("waypoint False  Programmed Pending"), "{table}");
+        let writer = mesh_source::DirectoryWriter::new(dir.path(), "controller");
+        let key = mesh_api::ObjectKey::new(mesh_api::Kind::Gateway, "shop", "waypoint");
+        let programmed = serde_json::json!({"conditions": [{"type": "Programmed", "status": "True",
+            "reason": "Programmed", "message": "Resource programmed"}]});
+        writer.write_status(&key, Some(&programmed)).expect("status");
+        let table = status(&status_args(true)).expect("programmed");
+        assert_eq!(
+            table,
+            "NAME     STATUS TYPE       REASON     MESSAGE\nwaypoint True   Programmed Programmed Resource programmed\n"
+        );
+        assert!(apply(&args).expect("programmed").contains("is programmed"));
     }
 }
