@@ -5,7 +5,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec, Redirection};
+use mesh_e2e::cluster::{ClusterOptions, MeshCluster, MeshPod, PodSpec, Redirection};
 use mesh_e2e::controller::WaypointController;
 use mesh_e2e::kubelet::{gateway_programmed, Kubelet};
 use mesh_e2e::waypoint::Waypoint;
@@ -97,6 +97,13 @@ fn deploy(c: &mut MeshCluster) -> App {
     let v1 = HttpApp::start(&v1_pod.netns, any, "v1").expect("v1 app");
     let v2 = HttpApp::start(&v2_pod.netns, any, "v2").expect("v2 app");
     let (controller, kubelet) = deploy_waypoint(c);
+    // istiod binds the Services once the Gateway has addresses; wait until the client's
+    // requests go through the waypoint's Envoy (its router adds this header).
+    let through = eventually(|| {
+        get(&client.netns, "/", &[])
+            .is_some_and(|r| r.headers.contains_key("x-envoy-upstream-service-time"))
+    });
+    assert!(through, "requests reach the waypoint\n{}", c.logs());
     App {
         client,
         other,
@@ -200,7 +207,14 @@ fn waypoint_routes_http_between_ztunnels() {
     if !have_root("waypoint_routes_http_between_ztunnels") {
         return;
     }
-    let mut c = MeshCluster::start("wpt", &["node1", "node2"], Redirection::Nftables, setup);
+    let options = ClusterOptions::default().istiod_env("ACCESS_LOG_FILE", "/dev/stdout");
+    let mut c = MeshCluster::start_with(
+        "wpt",
+        &["node1", "node2"],
+        Redirection::Nftables,
+        &options,
+        setup,
+    );
     let app = deploy(&mut c);
     app.waypoint().wait_ready(Duration::from_secs(30));
 
@@ -216,6 +230,13 @@ fn waypoint_routes_http_between_ztunnels() {
             app.waypoint().log()
         );
     }
+    // istiod binds the Services once the Gateway has addresses, a moment after the pod is
+    // ready (Programmed): their configuration follows.
+    let server_cluster = "inbound-vip|80|http|server.demo.svc.cluster.local";
+    assert!(eventually(|| app
+        .waypoint()
+        .admin("/config_dump")
+        .contains(server_cluster)));
     let dump = app.waypoint().admin("/config_dump");
     for name in [
         "\"connect_terminate\"",
@@ -247,6 +268,49 @@ fn waypoint_routes_http_between_ztunnels() {
         "both versions serve without a route: {v1}/{v2}"
     );
     assert_eq!(app.v1.hits() + app.v2.hits(), before + 20);
+
+    // `istioctl proxy-config` reads the waypoint's Envoy (run in its network namespace).
+    let istioctl = mesh_e2e::bins::binary("istioctl");
+    let pc = |what: &str| {
+        app.waypoint()
+            .netns()
+            .exec_ok(&istioctl.display().to_string(), &["proxy-config", what])
+            .unwrap_or_else(|e| panic!("istioctl proxy-config {what}: {e}"))
+    };
+    let clusters = pc("clusters");
+    assert!(
+        clusters
+            .lines()
+            .any(|l| l.starts_with("server.demo.svc.cluster.local")
+                && l.contains(" 80 ")
+                && l.contains("inbound-vip")
+                && l.contains("EDS")),
+        "{clusters}"
+    );
+    let listeners = pc("listeners");
+    assert!(
+        listeners.contains("15008") && listeners.contains("envoy://main_internal"),
+        "{listeners}"
+    );
+    let endpoints = pc("endpoints");
+    assert!(
+        endpoints.lines().any(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            cells.first().is_some_and(|e| {
+                e.starts_with("envoy://connect_originate/") && e.ends_with(":8080")
+            }) && cells.get(1) == Some(&"HEALTHY")
+                && cells.last() == Some(&"inbound-vip|80|http|server.demo.svc.cluster.local")
+        }),
+        "{endpoints}"
+    );
+    let secrets = pc("secret");
+    assert!(
+        secrets
+            .lines()
+            .any(|l| l.starts_with("default") && l.contains("Cert Chain") && l.contains("true")),
+        "{secrets}"
+    );
+    assert!(pc("routes").contains("server.demo.svc.cluster.local"));
 
     // Istio's request metrics on 15020, from Envoy's access log stream, and a log line each.
     let counted = eventually(|| {
@@ -602,4 +666,80 @@ fn waypoint_controller_deploys_binds_and_removes_waypoints() {
     assert!(kubelet.pod_name("demo", "waypoint").is_none());
     assert!(eventually(|| status(get(&client.netns, "/", &[])) == 200));
     controller.stop();
+}
+
+/// The serial numbers of the leaf certificates Envoy holds (`/certs` on the admin port).
+fn envoy_serials(wp: &Waypoint) -> Vec<String> {
+    let certs: serde_json::Value = serde_json::from_str(&wp.admin("/certs")).unwrap_or_default();
+    let mut serials: Vec<String> = certs["certificates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            c["cert_chain"][0]["serial_number"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    serials.sort();
+    serials.dedup();
+    serials
+}
+
+#[test]
+fn waypoint_rotates_its_certificate_without_failing_requests() {
+    if !have_root("waypoint_rotates_its_certificate_without_failing_requests") {
+        return;
+    }
+    let mut c = MeshCluster::start("wpt2", &["node1", "node2"], Redirection::Nftables, setup);
+    let v1_pod = c
+        .add_pod(PodSpec::new("demo", "server-v1", "node2", "server").label("app", "server"))
+        .expect("server pod");
+    let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT));
+    let _v1 = HttpApp::start(&v1_pod.netns, any, "v1").expect("app");
+    let client = c
+        .add_pod(PodSpec::new("demo", "client", "node1", "client"))
+        .expect("client pod");
+    // A 6 s certificate: the agent renews it at half life, every ~3 s.
+    let _controller = WaypointController::start(&c);
+    let mut kubelet = Kubelet::new("node1", &[("SECRET_TTL", "6s")]);
+    kubelet.run_until(&mut c, Duration::from_secs(60), |c| {
+        gateway_programmed(c.objects().path(), "demo", "waypoint")
+    });
+    let wp = kubelet.proxy("demo", "waypoint");
+    assert!(eventually(|| status(get(&client.netns, "/", &[])) == 200));
+    let first = envoy_serials(wp);
+    assert!(!first.is_empty(), "Envoy holds a certificate");
+    // 10 requests a second for 10 s, over at least two rotations.
+    let start = Instant::now();
+    let (mut sent, mut failed) = (0, 0);
+    let mut seen = first.clone();
+    while start.elapsed() < Duration::from_secs(10) {
+        sent += 1;
+        if status(get(&client.netns, "/", &[])) != 200 {
+            failed += 1;
+        }
+        for s in envoy_serials(wp) {
+            if !seen.contains(&s) {
+                seen.push(s);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        failed,
+        0,
+        "{failed} of {sent} requests failed\n{}",
+        wp.log()
+    );
+    assert!(
+        seen.len() >= first.len() + 2,
+        "the certificate rotated at least twice: {seen:?}\n{}",
+        wp.log()
+    );
+    let now = envoy_serials(wp);
+    assert!(
+        now.iter().all(|s| !first.contains(s)),
+        "Envoy serves the renewed certificate now: first {first:?}, now {now:?}"
+    );
 }

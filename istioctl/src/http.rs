@@ -94,7 +94,9 @@ async fn fetch(addr: &str, path: &str) -> Result<Vec<u8>, HttpError> {
         addr: addr.to_string(),
         source,
     };
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: */*\r\n\r\n");
+    // HTTP/1.1 (Envoy refuses 1.0 with 426) and one request per connection.
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.map_err(io)?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await.map_err(io)?;

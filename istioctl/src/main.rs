@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use istioctl::{analyze, csr, precheck, waypoint, xds_dump, ztunnel_config};
+use istioctl::{analyze, csr, precheck, proxy_config, waypoint, xds_dump, ztunnel_config};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,6 +24,13 @@ enum Command {
     ZtunnelConfig {
         #[command(subcommand)]
         command: ztunnel_config::ZtunnelConfig,
+    },
+    /// Show what an Envoy proxy (waypoint) holds: listeners, clusters, routes, endpoints,
+    /// secrets.
+    #[command(name = "proxy-config", visible_alias = "pc")]
+    ProxyConfig {
+        #[command(subcommand)]
+        command: proxy_config::ProxyConfig,
     },
     /// Manage waypoints (in the local mode's objects directory).
     Waypoint {
@@ -66,6 +73,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::ZtunnelConfig { command } => {
             ztunnel_config::run(command).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ProxyConfig { command } => {
+            proxy_config::run(command).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Analyze(args) => Ok(analyze::run(&args)?),

@@ -226,7 +226,10 @@ pub fn apply(args: &ApplyArgs) -> Result<String, WaypointError> {
     out.push_str(&format!("waypoint {}/{} applied\n", g.namespace, g.name));
     if args.wait {
         wait_programmed(&args.config_dir, &g.namespace, &g.name, args.timeout)?;
-        out.push_str(&format!("waypoint {}/{} is programmed\n", g.namespace, g.name));
+        out.push_str(&format!(
+            "waypoint {}/{} is programmed\n",
+            g.namespace, g.name
+        ));
     }
     Ok(out)
 }
@@ -298,9 +301,8 @@ pub fn status(args: &StatusArgs) -> Result<String, WaypointError> {
     let rows: Vec<Vec<String>> = selected(&args.config_dir)
         .iter()
         .map(|g| {
-            let (status, reason, message) = programmed(g).unwrap_or_else(|| {
-                ("False".into(), "Pending".into(), "no status yet".into())
-            });
+            let (status, reason, message) = programmed(g)
+                .unwrap_or_else(|| ("False".into(), "Pending".into(), "no status yet".into()));
             vec![
                 g.metadata.name.clone().unwrap_or_default(),
                 status,
@@ -609,12 +611,17 @@ mod tests {
             config_dir: dir.path().to_path_buf(),
         };
         let table = status(&status_args(false)).expect("status");
-        assert!(table.contains("waypoint False  Programmed Pending"), "{table}");
+        assert!(
+            table.contains("waypoint False  Programmed Pending"),
+            "{table}"
+        );
         let writer = mesh_source::DirectoryWriter::new(dir.path(), "controller");
         let key = mesh_api::ObjectKey::new(mesh_api::Kind::Gateway, "shop", "waypoint");
         let programmed = serde_json::json!({"conditions": [{"type": "Programmed", "status": "True",
             "reason": "Programmed", "message": "Resource programmed"}]});
-        writer.write_status(&key, Some(&programmed)).expect("status");
+        writer
+            .write_status(&key, Some(&programmed))
+            .expect("status");
         let table = status(&status_args(true)).expect("programmed");
         assert_eq!(
             table,

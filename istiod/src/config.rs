@@ -73,8 +73,9 @@ pub struct Config {
     pub domain_suffix: String,
 
     /// Where waypoints write one access log line per request, in Istio's default text format
-    /// (mesh config `accessLogFile`); empty turns the log off.
-    #[arg(long, env = "ACCESS_LOG_FILE", default_value = "/dev/stdout")]
+    /// (mesh config `accessLogFile`: empty, Istio's default, writes none; its demo profile
+    /// sets `/dev/stdout`).
+    #[arg(long, env = "ACCESS_LOG_FILE", default_value = "")]
     pub access_log_file: String,
 
     /// Namespace whose selector-less policies apply mesh-wide.

@@ -62,7 +62,7 @@ impl Default for ModelConfig {
             domain_suffix: "cluster.local".into(),
             root_namespace: "istio-system".into(),
             network: String::new(),
-            access_log_file: "/dev/stdout".into(),
+            access_log_file: String::new(),
         }
     }
 }

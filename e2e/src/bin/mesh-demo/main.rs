@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec, Redirection};
+use mesh_e2e::cluster::{ClusterOptions, MeshCluster, MeshPod, PodSpec, Redirection};
 use mesh_testutil::{namespace_yaml, service_yaml, ClusterDir, Netns};
 
 const APP_PORT: u16 = 8080;
@@ -92,7 +92,9 @@ fn run(keep: bool, ebpf: bool) -> Result<(), String> {
     };
     step("starting istiod, and on node1 and node2 a cni-node agent and a ztunnel");
     let started = Instant::now();
-    let mut c = MeshCluster::start("demo", &["node1", "node2"], mode, setup);
+    // As Istio's demo profile: waypoints log every request to stdout.
+    let options = ClusterOptions::default().istiod_env("ACCESS_LOG_FILE", "/dev/stdout");
+    let mut c = MeshCluster::start_with("demo", &["node1", "node2"], mode, &options, setup);
     println!(
         "ready in {:.1} s (capture: {mode:?}); cluster objects in {}",
         started.elapsed().as_secs_f64(),
