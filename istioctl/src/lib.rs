@@ -5,6 +5,7 @@ pub mod analyze;
 pub mod connect;
 pub mod csr;
 pub mod http;
+pub mod input;
 pub mod precheck;
 pub mod proxy_config;
 pub mod render;

@@ -6,7 +6,6 @@
 
 mod tables;
 
-use std::io::Read;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
@@ -156,17 +155,11 @@ pub async fn run(cmd: ProxyConfig) -> Result<(), ProxyConfigError> {
     Ok(())
 }
 
-fn read_file(path: &PathBuf) -> Result<Vec<u8>, ProxyConfigError> {
-    let err = |source| ProxyConfigError::File {
-        path: path.clone(),
+fn read_file(path: &std::path::Path) -> Result<Vec<u8>, ProxyConfigError> {
+    crate::input::read_path_or_stdin(path).map_err(|source| ProxyConfigError::File {
+        path: path.to_path_buf(),
         source,
-    };
-    if path.as_os_str() == "-" {
-        let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).map_err(err)?;
-        return Ok(buf);
-    }
-    std::fs::read(path).map_err(err)
+    })
 }
 
 /// The text `istioctl proxy-config <section>` prints.

@@ -5,7 +5,6 @@
 mod dump;
 mod tables;
 
-use std::io::Read;
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -137,17 +136,11 @@ pub async fn run(cmd: ZtunnelConfig) -> Result<(), ZtunnelConfigError> {
     Ok(())
 }
 
-fn read_file(path: &PathBuf) -> Result<Vec<u8>, ZtunnelConfigError> {
-    let err = |source| ZtunnelConfigError::File {
-        path: path.clone(),
+fn read_file(path: &std::path::Path) -> Result<Vec<u8>, ZtunnelConfigError> {
+    crate::input::read_path_or_stdin(path).map_err(|source| ZtunnelConfigError::File {
+        path: path.to_path_buf(),
         source,
-    };
-    if path.as_os_str() == "-" {
-        let mut buf = Vec::new();
-        std::io::stdin().read_to_end(&mut buf).map_err(err)?;
-        return Ok(buf);
-    }
-    std::fs::read(path).map_err(err)
+    })
 }
 
 /// The command's output for a parsed dump.

@@ -286,11 +286,16 @@ impl TypeState {
         }
         let nonce = &req.response_nonce;
         if !nonce.is_empty() && self.nonce_sent.as_ref() != Some(nonce) {
+            // Not an ACK of the latest response, but the names it asks for still count: a
+            // state-of-the-world client changes its subscription in whatever request it sends
+            // next, and would not repeat the change.
+            let changed = self.apply_subscription(req);
+            self.respond_pending |= changed;
             return RequestOutcome {
                 kind: RequestKind::StaleNonce {
                     nonce: nonce.clone(),
                 },
-                respond: false,
+                respond: changed,
             };
         }
         let changed = self.apply_subscription(req);

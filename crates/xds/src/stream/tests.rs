@@ -268,3 +268,19 @@ fn nack_history_is_bounded() {
     assert_eq!(st.nack_history.len(), NACK_HISTORY);
     assert_eq!(st.nack_history[0].message, "e3");
 }
+
+#[test]
+fn a_subscription_change_with_a_stale_nonce_still_counts() {
+    let snap = base();
+    let (mut s, resp1) = open(&req(&["a"], &[]), &snap);
+    let next = snap.next(&[res("a", "a2", &[])], &[]);
+    let _in_flight = s.push(&next, next.changes_since(1).as_ref());
+    // The client asks for "b" before it has seen the second response.
+    let mut change = req(&["b"], &[]);
+    change.response_nonce = resp1.nonce.clone();
+    let out = s.handle_request(&change).expect("stale");
+    assert!(matches!(out.kind, RequestKind::StaleNonce { .. }));
+    assert!(out.respond, "the new name is answered");
+    let resp = s.respond(T, &next, None).expect("response");
+    assert!(names(&resp).contains(&"b"), "{:?}", names(&resp));
+}
