@@ -121,7 +121,8 @@ impl<W: ObjectWriter> Controller<W> {
             .filter(|o| waypoint_gateway(o).is_some())
             .cloned()
             .collect();
-        let mut wanted = BTreeSet::new();
+        // Object -> the Gateway it is made for (the first Gateway by key keeps a contested name).
+        let mut wanted = BTreeMap::new();
         let mut used_ips = self.cluster_ips();
         for o in &gateways {
             let Some(gw) = waypoint_gateway(o) else {
@@ -139,7 +140,7 @@ impl<W: ObjectWriter> Controller<W> {
         gw: &Gateway,
         now: &str,
         used_ips: &mut BTreeSet<Ipv4Addr>,
-        wanted: &mut BTreeSet<ObjectKey>,
+        wanted: &mut BTreeMap<ObjectKey, ObjectKey>,
         report: &mut Report,
     ) {
         let gw_key = ObjectKey::new(
@@ -148,11 +149,18 @@ impl<W: ObjectWriter> Controller<W> {
             gw.metadata.name.clone().unwrap_or_default(),
         );
         let mut unmanaged = Vec::new();
+        let mut contested = Vec::new();
         for mut value in render(gw, &self.opts.render) {
             let Some(key) = key_of(&value) else {
                 continue;
             };
-            wanted.insert(key.clone());
+            if let Some(other) = wanted.get(&key).filter(|g| **g != gw_key) {
+                warn!(gateway = %gw_key, object = %key, claimed_by = %other, "two Gateways need the same object; the first keeps it");
+                contested.push((key.clone(), other.clone()));
+                report.skipped.push(key);
+                continue;
+            }
+            wanted.insert(key.clone(), gw_key.clone());
             let existing = self.objects.get(&key);
             if existing.is_some_and(|o| !is_managed(o.metadata())) {
                 warn!(gateway = %gw_key, object = %key, "not touching an object the controller does not manage");
@@ -191,6 +199,7 @@ impl<W: ObjectWriter> Controller<W> {
                 _ => None,
             }),
             unmanaged,
+            contested,
         };
         let status = gateway_status(gw, &observed, &self.opts.render.cluster_domain, now);
         if gw.status.as_ref() != Some(&status) || !self.statused.contains(&gw_key) {
@@ -249,7 +258,7 @@ impl<W: ObjectWriter> Controller<W> {
     }
 
     /// Deletes managed objects whose Gateway is gone (or no longer needs them).
-    fn collect_garbage(&mut self, wanted: &BTreeSet<ObjectKey>, report: &mut Report) {
+    fn collect_garbage(&mut self, wanted: &BTreeMap<ObjectKey, ObjectKey>, report: &mut Report) {
         let stale: Vec<ObjectKey> = (self.objects.iter())
             .filter(|(key, o)| {
                 let meta = o.metadata();
@@ -261,7 +270,7 @@ impl<W: ObjectWriter> Controller<W> {
                     Kind::Deployment | Kind::Service | Kind::ServiceAccount
                 ) && is_managed(meta)
                     && owned_by_gateway
-                    && !wanted.contains(*key)
+                    && !wanted.contains_key(*key)
             })
             .map(|(key, _)| key.clone())
             .collect();

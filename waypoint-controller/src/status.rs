@@ -18,6 +18,8 @@ pub struct Observed<'a> {
     pub service: Option<&'a Service>,
     /// Objects with the names the Gateway needs that the controller does not manage.
     pub unmanaged: Vec<ObjectKey>,
+    /// Objects this Gateway needs that another Gateway (the second key) already has.
+    pub contested: Vec<(ObjectKey, ObjectKey)>,
 }
 
 /// The number of ready pods of a Deployment, as its status reports.
@@ -48,7 +50,16 @@ pub fn gateway_status(
     let hostname = names.hostname(domain);
     let ip = observed.service.and_then(cluster_ip);
     let ready = observed.deployment.map_or(0, ready_replicas) > 0;
-    let (programmed, reason, message) = if let Some(first) = observed.unmanaged.first() {
+    let (programmed, reason, message) = if let Some((object, other)) = observed.contested.first() {
+        (
+            false,
+            "Invalid",
+            format!(
+                "{object} is already made for {other}; give this Gateway another \
+                 gateway.istio.io/name-override"
+            ),
+        )
+    } else if let Some(first) = observed.unmanaged.first() {
         (
             false,
             "Invalid",

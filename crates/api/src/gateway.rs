@@ -15,6 +15,24 @@ pub const HBONE_PROTOCOL: &str = "HBONE";
 /// The label on every object made for a Gateway, naming it (also on the waypoint's pods).
 pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 
+/// `gateway.networking.k8s.io` GatewayClass (cluster-scoped). A label
+/// `istio.io/waypoint-for` on the class sets the default traffic type of its waypoints.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayClass {
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: GatewayClassSpec,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayClassSpec {
+    #[serde(default)]
+    pub controller_name: String,
+}
+
 /// `gateway.networking.k8s.io` Gateway.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

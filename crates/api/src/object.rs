@@ -5,8 +5,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    ApiError, AuthorizationPolicy, Deployment, Gateway, HttpRoute, Namespace, ObjectMeta,
-    PeerAuthentication, Pod, Service, ServiceAccount, ServiceEntry, WorkloadEntry,
+    ApiError, AuthorizationPolicy, Deployment, Gateway, GatewayClass, HttpRoute, Namespace,
+    ObjectMeta, PeerAuthentication, Pod, Service, ServiceAccount, ServiceEntry, WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -23,11 +23,12 @@ pub enum Kind {
     HttpRoute,
     Deployment,
     ServiceAccount,
+    GatewayClass,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -39,6 +40,7 @@ impl Kind {
         Kind::HttpRoute,
         Kind::Deployment,
         Kind::ServiceAccount,
+        Kind::GatewayClass,
     ];
 
     /// The Kubernetes `kind` string.
@@ -55,6 +57,7 @@ impl Kind {
             Kind::HttpRoute => "HTTPRoute",
             Kind::Deployment => "Deployment",
             Kind::ServiceAccount => "ServiceAccount",
+            Kind::GatewayClass => "GatewayClass",
         }
     }
 
@@ -65,7 +68,7 @@ impl Kind {
             Kind::Deployment => "apps",
             Kind::ServiceEntry | Kind::WorkloadEntry => "networking.istio.io",
             Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
-            Kind::Gateway | Kind::HttpRoute => "gateway.networking.k8s.io",
+            Kind::Gateway | Kind::HttpRoute | Kind::GatewayClass => "gateway.networking.k8s.io",
         }
     }
 
@@ -81,7 +84,7 @@ impl Kind {
 
     /// Whether objects of this kind live in a namespace.
     pub fn namespaced(self) -> bool {
-        self != Kind::Namespace
+        !matches!(self, Kind::Namespace | Kind::GatewayClass)
     }
 
     /// The `apiVersion` objects of this kind are written with.
@@ -150,6 +153,7 @@ pub enum Object {
     HttpRoute(Box<HttpRoute>),
     Deployment(Box<Deployment>),
     ServiceAccount(Box<ServiceAccount>),
+    GatewayClass(Box<GatewayClass>),
 }
 
 impl Object {
@@ -166,6 +170,7 @@ impl Object {
             Object::HttpRoute(_) => Kind::HttpRoute,
             Object::Deployment(_) => Kind::Deployment,
             Object::ServiceAccount(_) => Kind::ServiceAccount,
+            Object::GatewayClass(_) => Kind::GatewayClass,
         }
     }
 
@@ -182,6 +187,7 @@ impl Object {
             Object::HttpRoute(o) => &o.metadata,
             Object::Deployment(o) => &o.metadata,
             Object::ServiceAccount(o) => &o.metadata,
+            Object::GatewayClass(o) => &o.metadata,
         }
     }
 
@@ -227,6 +233,7 @@ impl Object {
             Kind::HttpRoute => Object::HttpRoute(decode(kind, &name, value)?),
             Kind::Deployment => Object::Deployment(decode(kind, &name, value)?),
             Kind::ServiceAccount => Object::ServiceAccount(decode(kind, &name, value)?),
+            Kind::GatewayClass => Object::GatewayClass(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -275,6 +282,7 @@ impl Object {
             Object::HttpRoute(o) => &mut o.metadata,
             Object::Deployment(o) => &mut o.metadata,
             Object::ServiceAccount(o) => &mut o.metadata,
+            Object::GatewayClass(o) => &mut o.metadata,
         }
     }
 }

@@ -302,3 +302,31 @@ fn allocation_is_stable_and_skips_used_addresses() {
         allocate(wide, "a/b", &BTreeSet::new())
     );
 }
+
+#[test]
+fn two_gateways_claiming_one_service_the_second_is_refused() {
+    let mut h = Harness::new();
+    h.write("gw.yaml", GATEWAY);
+    let second = GATEWAY
+        .replace("name: waypoint\n", "name: other\n")
+        .replace(
+            "  uid: 5f0e\n",
+            "  uid: 7a1b\n  annotations:\n    gateway.istio.io/name-override: waypoint\n",
+        );
+    h.write("other.yaml", &second);
+    let report = h.reconcile();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    // The Gateway first by key (shop/other) keeps the name; shop/waypoint is refused.
+    let Some(Object::Service(s)) = h.object(Kind::Service, "waypoint") else {
+        panic!("no Service")
+    };
+    let owner = s.metadata.owner_references.clone().unwrap_or_default();
+    assert_eq!(owner[0].name, "other");
+    let status = h.status();
+    let (state, reason, message) = condition(&status, "Programmed");
+    assert_eq!((state, reason), ("False", "Invalid"));
+    assert!(
+        message.contains("already made for Gateway/shop/other"),
+        "{message}"
+    );
+}

@@ -253,8 +253,8 @@ impl Model {
 
     /// Keeps `waypoint` only if it names a Gateway of class `istio-waypoint` that is ready
     /// (its controller wrote `status.addresses`) and serves `traffic` (`service` or
-    /// `workload`): `istio.io/waypoint-for` on the Gateway is `service` (the default),
-    /// `workload`, `all` or `none`. Otherwise traffic bypasses it, as Istio does.
+    /// `workload`): `istio.io/waypoint-for` on the Gateway, else on its GatewayClass, else
+    /// `service`; `workload`, `all` or `none`. Otherwise traffic bypasses it, as Istio does.
     fn bind_waypoint(&self, waypoint: &mut Option<GatewayAddress>, traffic: &str) {
         use mesh_proto::workload::gateway_address::Destination;
         let Some(Destination::Hostname(h)) = waypoint.as_ref().and_then(|g| g.destination.as_ref())
@@ -267,9 +267,19 @@ impl Model {
             Some(Object::Gateway(g)) => {
                 let ready = g.spec.gateway_class_name == mesh_api::WAYPOINT_CLASS
                     && g.status.as_ref().is_some_and(|s| !s.addresses.is_empty());
+                let class_key = ObjectKey::new(Kind::GatewayClass, "", &g.spec.gateway_class_name);
+                let class_default = match self.state.get(&class_key) {
+                    Some(Object::GatewayClass(c)) => meta_labels(&c.metadata)
+                        .get(mesh_api::label::WAYPOINT_FOR)
+                        .cloned(),
+                    _ => None,
+                };
                 let serves = meta_labels(&g.metadata)
                     .get(mesh_api::label::WAYPOINT_FOR)
-                    .map_or("service", String::as_str);
+                    .cloned()
+                    .or(class_default)
+                    .unwrap_or_else(|| "service".into());
+                let serves = serves.as_str();
                 ready && (serves == traffic || serves == "all")
             }
             _ => false,

@@ -27,6 +27,20 @@ fn waypoint_binding(o: Option<&Object>) -> Option<(&str, bool, Option<&String>)>
     }
 }
 
+/// Every object that may use a waypoint.
+fn recompute_bindings(m: &Model, out: &mut Vec<ObjectKey>) {
+    for kind in [
+        Kind::Pod,
+        Kind::WorkloadEntry,
+        Kind::Service,
+        Kind::ServiceEntry,
+    ] {
+        for ns in m.state.namespaces_with(kind) {
+            out.extend(m.state.keys_in(kind, &ns));
+        }
+    }
+}
+
 /// Adds to `out` the objects to recompute because `key` changed from `old` to its current state.
 pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &mut Vec<ObjectKey>) {
     let new = m.state.get(key);
@@ -35,20 +49,19 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
         // Routes change waypoint configuration only (see `model::waypoints`).
         Kind::Pod | Kind::WorkloadEntry | Kind::HttpRoute => {}
         Kind::Deployment | Kind::ServiceAccount => {}
+        // A class's traffic-type default: as a Gateway's change, for all of them (rare).
+        Kind::GatewayClass => {
+            if labels_of(old).and_then(|l| l.get(mesh_api::label::WAYPOINT_FOR))
+                != labels_of(new).and_then(|l| l.get(mesh_api::label::WAYPOINT_FOR))
+            {
+                recompute_bindings(m, out);
+            }
+        }
         // Whether a Gateway is a usable waypoint (class, readiness, traffic type) decides
         // whether Services and workloads keep it: recompute them when that changes (rare).
         Kind::Gateway => {
             if waypoint_binding(old) != waypoint_binding(new) {
-                for kind in [
-                    Kind::Pod,
-                    Kind::WorkloadEntry,
-                    Kind::Service,
-                    Kind::ServiceEntry,
-                ] {
-                    for ns in m.state.namespaces_with(kind) {
-                        out.extend(m.state.keys_in(kind, &ns));
-                    }
-                }
+                recompute_bindings(m, out);
             }
         }
         Kind::Namespace => {

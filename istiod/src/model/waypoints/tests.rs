@@ -215,3 +215,30 @@ fn workloads_use_the_waypoint_only_when_it_serves_workload_traffic() {
     m.apply(gateway(Some("service")));
     assert!(!workload_waypoint(&m.build()));
 }
+
+#[test]
+fn a_gateway_class_label_sets_the_default_traffic_type() {
+    let mut m = shop();
+    let class = |labels: serde_json::Value| {
+        obj(json!({
+            "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+            "metadata": {"name": "istio-waypoint", "labels": labels},
+            "spec": {"controllerName": "istio.io/mesh-controller"},
+        }))
+    };
+    m.apply(class(json!({"istio.io/waypoint-for": "all"})));
+    let s = m.build();
+    assert!(
+        service_waypoint(&s) && workload_waypoint(&s),
+        "class default: all"
+    );
+    m.apply(gateway(Some("service")));
+    assert!(!workload_waypoint(&m.build()), "the Gateway's label wins");
+    m.apply(gateway(None));
+    m.apply(class(json!({"istio.io/waypoint-for": "workload"})));
+    let s = m.build();
+    assert!(
+        !service_waypoint(&s) && workload_waypoint(&s),
+        "class default: workload"
+    );
+}
