@@ -123,16 +123,36 @@ pub fn run(c: &mut MeshCluster, client: &MeshPod, servers: &[&MeshPod]) -> Resul
         println!("  {method:<4} {path:<12} -> {answer}");
     }
 
-    step("the waypoint's request counters for web.demo (Envoy stats; Prometheus text on 15020)");
-    let stats = waypoint.admin("/stats?filter=web%5C.demo");
-    for line in stats.lines().filter(|l| {
-        l.starts_with("http.")
-            && (l.contains("downstream_rq_2xx")
-                || l.contains("downstream_rq_4xx")
-                || l.contains("rbac.denied")
-                || l.contains("rbac.allowed"))
-    }) {
-        println!("  {line}");
+    step("the waypoint's request metrics (istio_requests_total on 15020, reporter=\"waypoint\") and its access log");
+    // Envoy flushes its access log stream to pilot-agent every 200 ms.
+    until(|| waypoint.metrics().contains("response_code=\"403\""));
+    let label = |line: &str, name: &str| {
+        let key = format!("{name}=\"");
+        line.split(&key)
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or("-")
+            .to_string()
+    };
+    for line in waypoint
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("istio_requests_total{"))
+    {
+        let count = line.rsplit(' ').next().unwrap_or("0");
+        println!(
+            "  {count:>4}  {} -> {} ({}) {}",
+            label(line, "source_principal"),
+            label(line, "destination_workload"),
+            label(line, "destination_service"),
+            label(line, "response_code"),
+        );
+    }
+    // Envoy writes its access log file once a second.
+    let denied = "\"GET /admin HTTP/1.1\" 403";
+    until(|| waypoint.log().contains(denied));
+    if let Some(line) = waypoint.log().lines().find(|l| l.contains(denied)) {
+        println!("  access log: {line}");
     }
     Ok(L7 {
         kubelet,
