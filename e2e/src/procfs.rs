@@ -76,3 +76,19 @@ pub fn raise_nofile_limit() -> u64 {
     }
     nofile_limit().0.unwrap_or(u64::MAX)
 }
+
+/// The child processes of `pid` (from every thread's `children` list).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}

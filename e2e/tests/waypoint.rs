@@ -687,8 +687,8 @@ fn envoy_serials(wp: &Waypoint) -> Vec<String> {
 }
 
 #[test]
-fn waypoint_rotates_its_certificate_without_failing_requests() {
-    if !have_root("waypoint_rotates_its_certificate_without_failing_requests") {
+fn waypoint_rotates_its_certificate_and_survives_an_envoy_crash() {
+    if !have_root("waypoint_rotates_its_certificate_and_survives_an_envoy_crash") {
         return;
     }
     let mut c = MeshCluster::start("wpt2", &["node1", "node2"], Redirection::Nftables, setup);
@@ -742,4 +742,28 @@ fn waypoint_rotates_its_certificate_without_failing_requests() {
         now.iter().all(|s| !first.contains(s)),
         "Envoy serves the renewed certificate now: first {first:?}, now {now:?}"
     );
+
+    // Envoy crashes: the agent starts it again with the same bootstrap, and it is served again.
+    let agent = wp.pid().expect("agent running");
+    let envoy = *mesh_e2e::procfs::children(agent)
+        .first()
+        .expect("Envoy runs under pilot-agent");
+    let killed = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(envoy).expect("pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    assert!(killed.is_ok(), "kill Envoy {envoy}");
+    let restarted = eventually(|| {
+        mesh_e2e::procfs::children(agent)
+            .first()
+            .is_some_and(|p| *p != envoy)
+            && wp.readiness().is_some_and(|(code, _)| code == 200)
+    });
+    assert!(restarted, "Envoy restarted and ready\n{}", wp.log());
+    assert!(
+        eventually(|| status(get(&client.netns, "/", &[])) == 200),
+        "served after the restart\n{}",
+        wp.log()
+    );
+    assert_eq!(wp.pid(), Some(agent), "the agent itself kept running");
 }

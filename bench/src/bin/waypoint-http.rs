@@ -14,6 +14,7 @@ use hyper_util::rt::TokioIo;
 use mesh_e2e::cluster::{MeshCluster, PodSpec, Redirection};
 use mesh_e2e::controller::WaypointController;
 use mesh_e2e::kubelet::{gateway_programmed, Kubelet};
+use mesh_e2e::procfs::children;
 use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp, Netns};
 
 #[derive(Parser)]
@@ -201,21 +202,6 @@ fn memory_kib(pid: u32) -> (u64, u64) {
 }
 
 /// Children of `pid` (Envoy under pilot-agent).
-fn children(pid: u32) -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|s| {
-            s.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect()
-}
-
 struct Row {
     name: &'static str,
     rps: f64,
