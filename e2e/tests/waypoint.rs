@@ -360,11 +360,45 @@ fn waypoint_routes_http_between_ztunnels() {
         (6..=34).contains(&v2),
         "90/10 split over 200: v1 {v1}, v2 {v2}"
     );
+
+    // A VirtualService on server-v1 (no HTTPRoute there): abort half the requests with 418.
+    c.objects().write("vs-fault.yaml", FAULT_VS);
+    let v1_vip = SocketAddr::from(([10, 96, 0, 11], 80));
+    let code = || {
+        http_request(
+            &app.client.netns,
+            v1_vip,
+            "GET",
+            "/",
+            &[],
+            Duration::from_secs(5),
+        )
+        .map_or(0, |r| r.status)
+    };
+    assert!(
+        eventually(|| code() == 418),
+        "fault served\n{}",
+        app.waypoint().log()
+    );
+    let (mut aborted, mut ok) = (0, 0);
+    for _ in 0..400 {
+        match code() {
+            418 => aborted += 1,
+            200 => ok += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(
+        (168..=232).contains(&aborted),
+        "50% abort over 400 (42%-58%): {aborted} aborted, {ok} ok"
+    );
     assert_eq!(
         app.waypoint().stat("listener_manager.lds.update_rejected"),
         0
     );
 }
+
+const FAULT_VS: &str = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: server-v1-fault\n  namespace: demo\nspec:\n  hosts: [server-v1]\n  http:\n  - fault:\n      abort:\n        httpStatus: 418\n        percentage: {value: 50}\n    route:\n    - destination: {host: server-v1}\n";
 
 const DENY_ADMIN: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-admin\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: server\n  action: DENY\n  rules:\n  - to:\n    - operation:\n        methods: [GET]\n        paths: [\"/admin*\"]\n";
 

@@ -26,6 +26,7 @@ mod rbac;
 mod routes;
 mod telemetry;
 mod tls;
+mod virtual_service;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -43,6 +44,7 @@ pub use routes::RouteError;
 pub const HBONE_PORT: u16 = 15008;
 /// Listener and cluster names, as istiod names them (tools and dashboards look for them).
 pub use telemetry::ISTIO_TEXT_FORMAT;
+pub use virtual_service::host_names as vs_host_names;
 
 pub mod names {
     pub const CONNECT_TERMINATE: &str = "connect_terminate";

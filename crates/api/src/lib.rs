@@ -11,6 +11,7 @@ mod gateway;
 mod istio;
 mod labels;
 mod object;
+mod virtual_service;
 
 pub use error::ApiError;
 pub use gateway::*;
@@ -21,6 +22,7 @@ pub use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use labels::{label, selector_matches};
 pub use object::{Kind, Object, ObjectKey};
+pub use virtual_service::*;
 
 #[cfg(test)]
 mod tests;

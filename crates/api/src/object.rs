@@ -6,7 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     ApiError, AuthorizationPolicy, Deployment, Gateway, GatewayClass, HttpRoute, Namespace,
-    ObjectMeta, PeerAuthentication, Pod, Service, ServiceAccount, ServiceEntry, WorkloadEntry,
+    ObjectMeta, PeerAuthentication, Pod, Service, ServiceAccount, ServiceEntry, VirtualService,
+    WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -24,11 +25,12 @@ pub enum Kind {
     Deployment,
     ServiceAccount,
     GatewayClass,
+    VirtualService,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -41,6 +43,7 @@ impl Kind {
         Kind::Deployment,
         Kind::ServiceAccount,
         Kind::GatewayClass,
+        Kind::VirtualService,
     ];
 
     /// The Kubernetes `kind` string.
@@ -58,6 +61,7 @@ impl Kind {
             Kind::Deployment => "Deployment",
             Kind::ServiceAccount => "ServiceAccount",
             Kind::GatewayClass => "GatewayClass",
+            Kind::VirtualService => "VirtualService",
         }
     }
 
@@ -66,7 +70,9 @@ impl Kind {
         match self {
             Kind::Namespace | Kind::Pod | Kind::Service | Kind::ServiceAccount => "",
             Kind::Deployment => "apps",
-            Kind::ServiceEntry | Kind::WorkloadEntry => "networking.istio.io",
+            Kind::ServiceEntry | Kind::WorkloadEntry | Kind::VirtualService => {
+                "networking.istio.io"
+            }
             Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
             Kind::Gateway | Kind::HttpRoute | Kind::GatewayClass => "gateway.networking.k8s.io",
         }
@@ -154,6 +160,7 @@ pub enum Object {
     Deployment(Box<Deployment>),
     ServiceAccount(Box<ServiceAccount>),
     GatewayClass(Box<GatewayClass>),
+    VirtualService(Box<VirtualService>),
 }
 
 impl Object {
@@ -171,6 +178,7 @@ impl Object {
             Object::Deployment(_) => Kind::Deployment,
             Object::ServiceAccount(_) => Kind::ServiceAccount,
             Object::GatewayClass(_) => Kind::GatewayClass,
+            Object::VirtualService(_) => Kind::VirtualService,
         }
     }
 
@@ -188,6 +196,7 @@ impl Object {
             Object::Deployment(o) => &o.metadata,
             Object::ServiceAccount(o) => &o.metadata,
             Object::GatewayClass(o) => &o.metadata,
+            Object::VirtualService(o) => &o.metadata,
         }
     }
 
@@ -234,6 +243,7 @@ impl Object {
             Kind::Deployment => Object::Deployment(decode(kind, &name, value)?),
             Kind::ServiceAccount => Object::ServiceAccount(decode(kind, &name, value)?),
             Kind::GatewayClass => Object::GatewayClass(decode(kind, &name, value)?),
+            Kind::VirtualService => Object::VirtualService(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -283,6 +293,7 @@ impl Object {
             Object::Deployment(o) => &mut o.metadata,
             Object::ServiceAccount(o) => &mut o.metadata,
             Object::GatewayClass(o) => &mut o.metadata,
+            Object::VirtualService(o) => &mut o.metadata,
         }
     }
 }

@@ -117,6 +117,8 @@ pub struct BoundService {
     /// HTTPRoutes whose parentRefs name this service, ordered by name.
     #[serde(skip)]
     pub routes: Vec<Arc<HttpRoute>>,
+    /// VirtualServices whose `hosts` name the service (used when no HTTPRoute attaches).
+    pub virtual_services: Vec<Arc<mesh_api::VirtualService>>,
     /// AuthorizationPolicies attached to this service or to the waypoint (by `targetRefs`).
     #[serde(skip)]
     pub policies: Vec<WaypointPolicy>,

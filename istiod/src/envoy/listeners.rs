@@ -363,6 +363,24 @@ fn http_chain_filter(
         .iter()
         .map(|(name, config)| http_filter(name, pack(config)))
         .collect();
+    let faults = route_config
+        .virtual_hosts
+        .iter()
+        .flat_map(|v| &v.routes)
+        .any(|r| {
+            r.typed_per_filter_config
+                .contains_key(super::virtual_service::FAULT_FILTER)
+        });
+    if faults {
+        // Empty here; each route's faults are its per-filter config.
+        let config =
+            mesh_proto::envoy::pb::envoy::extensions::filters::http::fault::v3::HttpFault::default(
+            );
+        http_filters.push(http_filter(
+            super::virtual_service::FAULT_FILTER,
+            pack(&config),
+        ));
+    }
     http_filters.push(router());
     let hcm = HttpConnectionManager {
         stat_prefix: cluster.to_string(),

@@ -63,6 +63,12 @@ pub enum RouteError {
         field: String,
         kind: String,
     },
+    #[error("VirtualService {name}: {field}: {problem}")]
+    VirtualService {
+        name: String,
+        field: String,
+        problem: String,
+    },
     /// A part of an AuthorizationPolicy attached to the waypoint.
     #[error(transparent)]
     Policy(#[from] super::rbac::PolicyError),
@@ -76,6 +82,7 @@ impl RouteError {
             RouteError::InvalidDuration { .. } => "invalid_duration",
             RouteError::UnknownBackend { .. } => "unknown_backend",
             RouteError::UnsupportedFilter { .. } => "unsupported_filter",
+            RouteError::VirtualService { .. } => "virtual_service",
             RouteError::Policy(e) => e.reason(),
         }
     }
@@ -128,7 +135,17 @@ impl ServiceRoutes {
                 .map(|r| &**r)
                 .filter(|r| attaches_to_port(r, svc, port.port))
                 .collect();
-            let routes = if attached.is_empty() {
+            let virtual_services: Vec<&mesh_api::VirtualService> =
+                svc.virtual_services.iter().map(|v| &**v).collect();
+            let routes = if attached.is_empty() && !virtual_services.is_empty() {
+                // HTTPRoutes win; without them the VirtualServices for this host apply.
+                let mut routes =
+                    super::virtual_service::routes(inputs, port.port, &virtual_services, errors);
+                if routes.is_empty() {
+                    routes.push(default_route(&cluster));
+                }
+                routes
+            } else if attached.is_empty() {
                 vec![default_route(&cluster)]
             } else {
                 let mut ctx = Ctx {
@@ -511,7 +528,7 @@ fn has_unsupported_re2(value: &str) -> bool {
     value.contains("\\C")
 }
 
-fn header_matcher(name: &str, pattern: MatchPattern) -> HeaderMatcher {
+pub(super) fn header_matcher(name: &str, pattern: MatchPattern) -> HeaderMatcher {
     HeaderMatcher {
         name: name.to_string(),
         header_match_specifier: Some(HeaderMatchSpecifier::StringMatch(StringMatcher {

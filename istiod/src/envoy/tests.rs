@@ -48,9 +48,45 @@ fn service(name: &str, vip: &str, endpoints: Vec<Endpoint>) -> BoundService {
         ],
         endpoints,
         routes: Vec::new(),
+        virtual_services: Vec::new(),
         policies: Vec::new(),
     }
 }
+
+const FAULT_VS: &str = r#"
+metadata: {name: echo-v1, namespace: shop}
+spec:
+  hosts: [echo-v1]
+  http:
+  - match:
+    - uri: {prefix: /faulty}
+      headers:
+        x-test: {regex: "a+b"}
+    fault:
+      abort: {httpStatus: 503, percentage: {value: 50}}
+      delay: {fixedDelay: 0.5s, percentage: {value: 10}}
+    retries: {attempts: 2, perTryTimeout: 1s, retryOn: "5xx,503"}
+    timeout: 3s
+    route:
+    - destination: {host: echo-v1.shop.svc.cluster.local, port: {number: 80}}
+  - route:
+    - destination: {host: echo-v2}
+      weight: 25
+    - destination: {host: echo-v1}
+      weight: 75
+    - destination: {host: nowhere}
+      weight: 0
+"#;
+
+/// Added to [`FAULT_VS`] where a test wants bad parts.
+const BAD_VS_RULES: &str = r#"
+- match:
+  - uri: {regex: "(bad"}
+  route:
+  - destination: {host: echo-v1}
+- route:
+  - destination: {host: echo-v1, subset: v1}
+"#;
 
 fn route(yaml: &str) -> Arc<HttpRoute> {
     Arc::new(serde_yaml::from_str(yaml).expect("route yaml"))
@@ -152,7 +188,7 @@ fn policies_become_deny_then_allow_rbac_filters() {
     );
     // Services without policies get no RBAC filter.
     assert_eq!(
-        http_filter_names(&res, "inbound-vip|80|http|echo-v1.shop.svc.cluster.local"),
+        http_filter_names(&res, "inbound-vip|80|http|echo-v2.shop.svc.cluster.local"),
         ["envoy.filters.http.router"]
     );
 }
@@ -222,7 +258,12 @@ fn inputs() -> WaypointInputs {
         access_log_file: "/dev/stdout".into(),
         services: vec![
             echo,
-            service("echo-v1", "10.96.0.11", vec![endpoint("10.1.0.5", "v1")]),
+            {
+                let mut v1 = service("echo-v1", "10.96.0.11", vec![endpoint("10.1.0.5", "v1")]);
+                v1.virtual_services
+                    .push(Arc::new(serde_yaml::from_str(FAULT_VS).expect("vs yaml")));
+                v1
+            },
             service("echo-v2", "10.96.0.12", vec![endpoint("10.1.0.6", "v2")]),
         ],
     }
@@ -619,4 +660,74 @@ fn http_chains_log_requests_to_the_agent_and_to_the_access_log_file() {
         "inbound-vip|80|http|echo.shop.svc.cluster.local",
     );
     assert_eq!(hcm.access_log.len(), 1);
+}
+
+#[test]
+fn virtual_services_route_ports_without_httproutes() {
+    let mut inputs = inputs();
+    let mut vs: mesh_api::VirtualService = serde_yaml::from_str(FAULT_VS).expect("vs yaml");
+    let bad: Vec<mesh_api::VsHttpRoute> = serde_yaml::from_str(BAD_VS_RULES).expect("rules");
+    vs.spec.http.extend(bad);
+    let v1 = inputs
+        .services
+        .iter_mut()
+        .find(|s| s.name == "echo-v1")
+        .expect("echo-v1");
+    v1.virtual_services = vec![Arc::new(vs)];
+    let res = generate_waypoint(&inputs, 1);
+    let rc = route_config(&res, "inbound-vip|80|http|echo-v1.shop.svc.cluster.local");
+    let routes = &rc.virtual_hosts[0].routes;
+    let names: Vec<&str> = routes.iter().map(|r| r.name.as_str()).collect();
+    // The bad regex match is left out; order is the VirtualService's.
+    // The bad regex match (rule 2) is left out; the rule whose only destination is a subset
+    // answers 500.
+    assert_eq!(
+        names,
+        ["shop/echo-v1.0.0", "shop/echo-v1.1.0", "shop/echo-v1.3.0"]
+    );
+    assert!(format!("{:?}", routes[2].action).contains("DirectResponse"));
+    let faulty = format!("{:?}", routes[0]);
+    assert!(faulty.contains(virtual_service::FAULT_FILTER), "{faulty}");
+    assert!(faulty.contains("retriable_status_codes: [503]"), "{faulty}");
+    let split = format!("{:?}", routes[1].action);
+    assert!(
+        split.contains("inbound-vip|80|http|echo-v2.shop.svc.cluster.local"),
+        "{split}"
+    );
+    assert!(!split.contains("nowhere"), "{split}");
+    // The chain carries the fault filter only because a route uses it.
+    let filters = http_filter_names(&res, "inbound-vip|80|http|echo-v1.shop.svc.cluster.local");
+    assert!(
+        filters.contains(&virtual_service::FAULT_FILTER.to_string()),
+        "{filters:?}"
+    );
+    let plain = http_filter_names(&res, "inbound-vip|80|http|echo-v2.shop.svc.cluster.local");
+    assert!(
+        !plain.contains(&virtual_service::FAULT_FILTER.to_string()),
+        "{plain:?}"
+    );
+    // The bad parts are named.
+    let text: Vec<String> = res.errors.iter().map(ToString::to_string).collect();
+    assert!(
+        text.iter()
+            .any(|t| t.contains("VirtualService shop/echo-v1: spec.http[2].match[0].uri")),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter()
+            .any(|t| t.contains("spec.http[3].route[0].destination.subset")),
+        "{text:#?}"
+    );
+}
+
+#[test]
+fn virtual_service_hosts() {
+    use virtual_service::host_names;
+    assert!(host_names("web", "demo", "demo", "web"));
+    assert!(!host_names("web", "other", "demo", "web"));
+    assert!(host_names("web.demo", "other", "demo", "web"));
+    assert!(host_names("web.demo.svc", "other", "demo", "web"));
+    assert!(host_names("web.demo.svc.cluster.local", "x", "demo", "web"));
+    assert!(!host_names("web.demo.example.com", "x", "demo", "web"));
+    assert!(!host_names("webx", "demo", "demo", "web"));
 }

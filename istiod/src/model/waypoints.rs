@@ -144,6 +144,27 @@ impl WaypointIndex {
                     }
                 }
             }
+            Kind::VirtualService => {
+                for obj in [old, new].into_iter().flatten() {
+                    let Object::VirtualService(vs) = obj else {
+                        continue;
+                    };
+                    let marked: Vec<WaypointKey> = (self.services.values())
+                        .filter(|s| {
+                            vs.spec.hosts.iter().any(|h| {
+                                crate::envoy::vs_host_names(
+                                    h,
+                                    &key.namespace,
+                                    &s.namespace,
+                                    &s.name,
+                                )
+                            })
+                        })
+                        .filter_map(|s| s.waypoint.clone())
+                        .collect();
+                    self.dirty.extend(marked);
+                }
+            }
             // Port names and appProtocol decide HTTP or TCP chains but are not all in WDS.
             Kind::Service | Kind::ServiceEntry => self.mark_service(&key.namespace, &key.name),
             Kind::AuthorizationPolicy => {
@@ -302,6 +323,7 @@ impl WaypointIndex {
                     .any(|p| p.is_service() && p.name == svc.name)
             })
             .collect();
+        let virtual_services = virtual_services_for(state, cfg, &svc.namespace, &svc.name);
         Some(BoundService {
             namespace: svc.namespace.clone(),
             name: svc.name.clone(),
@@ -314,9 +336,53 @@ impl WaypointIndex {
             ports,
             endpoints,
             routes,
+            virtual_services,
             policies: attached_policies(cfg, state, wp, &svc.namespace, &svc.name),
         })
     }
+}
+
+/// VirtualServices (without `gateways`, or with `mesh`) whose hosts name `namespace/name`, in
+/// creation order as Istio merges them (then by namespace and name).
+fn virtual_services_for(
+    state: &State,
+    cfg: &ModelConfig,
+    namespace: &str,
+    name: &str,
+) -> Vec<Arc<mesh_api::VirtualService>> {
+    let hostname = format!("{name}.{namespace}.svc.{}", cfg.domain_suffix);
+    let mut found: Vec<Arc<mesh_api::VirtualService>> = state
+        .namespaces_with(Kind::VirtualService)
+        .into_iter()
+        .flat_map(|ns| {
+            state
+                .objects_in(Kind::VirtualService, &ns)
+                .filter_map(|o| match o {
+                    Object::VirtualService(v) => Some(Arc::new((**v).clone())),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|v| v.spec.gateways.is_empty() || v.spec.gateways.iter().any(|g| g == "mesh"))
+        .filter(|v| {
+            let vs_ns = v.metadata.namespace.as_deref().unwrap_or("default");
+            v.spec
+                .hosts
+                .iter()
+                .any(|h| h == &hostname || crate::envoy::vs_host_names(h, vs_ns, namespace, name))
+        })
+        .collect();
+    found.sort_by(|a, b| {
+        let key = |v: &mesh_api::VirtualService| {
+            (
+                v.metadata.creation_timestamp.clone().map(|t| t.0),
+                v.metadata.namespace.clone(),
+                v.metadata.name.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    found
 }
 
 /// `targetRef` and `targetRefs` of a policy.
