@@ -187,7 +187,7 @@ impl Model {
             if let Some(r) = self.addresses.remove(name) {
                 unalias(&mut self.aliases, &r);
                 addr.insert(name.clone());
-                self.waypoints.on_address(name, None);
+                self.waypoints.on_address(name, None, &self.state);
             }
         }
         for r in out.addresses {
@@ -199,7 +199,8 @@ impl Model {
             }
             alias(&mut self.aliases, &r);
             addr.insert(r.name.clone());
-            self.waypoints.on_address(&r.name, Some(&r.body.value));
+            self.waypoints
+                .on_address(&r.name, Some(&r.body.value), &self.state);
             self.addresses.insert(r.name.clone(), r);
         }
         let authz = changes

@@ -49,14 +49,14 @@ pub(crate) struct WaypointIndex {
 
 impl WaypointIndex {
     /// Follows one committed (or removed, `None`) WDS address resource.
-    pub fn on_address(&mut self, name: &str, body: Option<&[u8]>) {
+    pub fn on_address(&mut self, name: &str, body: Option<&[u8]>, state: &State) {
         let decoded = body.and_then(|b| Address::decode(b).ok());
         match decoded.and_then(|a| a.r#type) {
-            Some(address::Type::Service(svc)) => self.on_service(name, Some(&svc)),
+            Some(address::Type::Service(svc)) => self.on_service(name, Some(&svc), state),
             Some(address::Type::Workload(w)) => self.on_workload(name, Some(&w)),
             None => {
                 if self.services.contains_key(name) {
-                    self.on_service(name, None);
+                    self.on_service(name, None, state);
                 } else {
                     self.on_workload(name, None);
                 }
@@ -64,7 +64,7 @@ impl WaypointIndex {
         }
     }
 
-    fn on_service(&mut self, key: &str, svc: Option<&WdsService>) {
+    fn on_service(&mut self, key: &str, svc: Option<&WdsService>, state: &State) {
         if let Some(old) = self.services.remove(key) {
             if let Some(wp) = old.waypoint {
                 self.dirty.insert(wp.clone());
@@ -77,7 +77,7 @@ impl WaypointIndex {
         let waypoint = svc.waypoint.as_ref().and_then(|g| match &g.destination {
             Some(gateway_address::Destination::Hostname(h)) => Some(WaypointKey {
                 namespace: h.namespace.clone(),
-                name: h.hostname.split('.').next().unwrap_or_default().to_string(),
+                name: gateway_of_hostname(state, &h.namespace, &h.hostname),
             }),
             _ => None,
         });
@@ -486,6 +486,28 @@ fn wds_protocol(app_protocol: i32) -> Protocol {
         Ok(AppProtocol::Tcp | AppProtocol::Tls) => Protocol::Tcp,
         _ => Protocol::Http,
     }
+}
+
+/// The Gateway a waypoint hostname belongs to: the one in `namespace` whose status lists it
+/// (a Gateway renamed with `gateway.istio.io/name-override` has a Service of another name),
+/// else the hostname's first label.
+fn gateway_of_hostname(state: &State, namespace: &str, hostname: &str) -> String {
+    let listed = state
+        .objects_in(Kind::Gateway, namespace)
+        .find_map(|o| match o {
+            Object::Gateway(g) if status_hostname(g) == Some(hostname) => g.metadata.name.clone(),
+            _ => None,
+        });
+    listed.unwrap_or_else(|| hostname.split('.').next().unwrap_or_default().to_string())
+}
+
+/// The `Hostname` address in a Gateway's status.
+pub(crate) fn status_hostname(g: &mesh_api::Gateway) -> Option<&str> {
+    (g.status.as_ref())?
+        .addresses
+        .iter()
+        .find(|a| a.type_.as_deref() == Some("Hostname"))
+        .map(|a| a.value.as_str())
 }
 
 /// Whether a Gateway of class `istio-waypoint` with this key exists.

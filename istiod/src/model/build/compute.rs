@@ -286,6 +286,21 @@ impl Model {
         };
         if !usable {
             *waypoint = None;
+            return;
+        }
+        // The Service the controller made may be renamed (`gateway.istio.io/name-override`):
+        // its hostname is the one in the Gateway's status.
+        if let (
+            Some(Object::Gateway(g)),
+            Some(GatewayAddress {
+                destination: Some(Destination::Hostname(h)),
+                ..
+            }),
+        ) = (self.state.get(&key), waypoint.as_mut())
+        {
+            if let Some(listed) = crate::model::waypoints::status_hostname(g) {
+                h.hostname = listed.to_string();
+            }
         }
     }
 

@@ -12,12 +12,15 @@ use crate::model::state::meta_labels;
 
 type Labels = BTreeMap<String, String>;
 
-/// What of a Gateway decides the waypoint binding: class, readiness and traffic type.
-fn waypoint_binding(o: Option<&Object>) -> Option<(&str, bool, Option<&String>)> {
+/// What of a Gateway decides the waypoint binding: class, readiness, hostname, traffic type.
+type Binding<'a> = (&'a str, bool, Option<&'a str>, Option<&'a String>);
+
+fn waypoint_binding(o: Option<&Object>) -> Option<Binding<'_>> {
     match o {
         Some(Object::Gateway(g)) => Some((
             g.spec.gateway_class_name.as_str(),
             g.status.as_ref().is_some_and(|s| !s.addresses.is_empty()),
+            crate::model::waypoints::status_hostname(g),
             g.metadata
                 .labels
                 .as_ref()

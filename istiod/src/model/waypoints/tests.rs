@@ -242,3 +242,37 @@ fn a_gateway_class_label_sets_the_default_traffic_type() {
         "class default: workload"
     );
 }
+
+#[test]
+fn a_renamed_waypoint_is_reached_by_the_hostname_in_its_status() {
+    let mut m = shop();
+    let mut gw = gateway(None);
+    if let mesh_api::Object::Gateway(g) = &mut gw {
+        let status = g.status.as_mut().expect("status");
+        status.addresses[1].value = "wp.shop.svc.cluster.local".into();
+    }
+    m.apply(gw);
+    let s = m.build();
+    let r = s
+        .addresses()
+        .get("shop/echo.shop.svc.cluster.local")
+        .expect("service");
+    let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
+        .expect("decode");
+    let Some(mesh_proto::workload::address::Type::Service(svc)) = a.r#type else {
+        panic!("not a service")
+    };
+    let host = match svc.waypoint.and_then(|w| w.destination) {
+        Some(mesh_proto::workload::gateway_address::Destination::Hostname(h)) => h.hostname,
+        other => panic!("no hostname waypoint: {other:?}"),
+    };
+    assert_eq!(host, "wp.shop.svc.cluster.local");
+    // The Gateway's own proxies (labelled with the Gateway's name) still get its services.
+    assert!(
+        clusters(&s)
+            .iter()
+            .any(|c| c.contains("echo.shop.svc.cluster.local")),
+        "{:?}",
+        clusters(&s)
+    );
+}
