@@ -181,6 +181,7 @@ impl Waypoint {
             mount_volume(&path, volume, pod, istiod);
         }
         let mut env: Vec<(String, String)> = Vec::new();
+        let istiod_host = format!("{}:", istiod.ip());
         for var in container.env.iter().flatten() {
             let value = match (&var.value, &var.value_from) {
                 (Some(v), _) => expand(v, &env),
@@ -197,7 +198,6 @@ impl Waypoint {
                 }
                 (None, None) => String::new(),
             };
-            let istiod_host = format!("{}:", istiod.ip());
             env.push((
                 var.name.clone(),
                 value.replace("istiod.istio-system.svc:", &istiod_host),

@@ -11,7 +11,10 @@
 
 use std::sync::Arc;
 
-use mesh_proto::envoy::pb::envoy::data::accesslog::v3::{HttpAccessLogEntry, ResponseFlags};
+use mesh_proto::envoy::pb::envoy::data::accesslog::v3::{
+    AccessLogCommon, HttpAccessLogEntry, HttpRequestProperties, HttpResponseProperties,
+    ResponseFlags,
+};
 use mesh_proto::envoy::pb::envoy::service::accesslog::v3::access_log_service_server::{
     AccessLogService, AccessLogServiceServer,
 };
@@ -126,13 +129,11 @@ impl RequestMetrics {
     /// Counts one request.
     pub fn record(&self, entry: &HttpAccessLogEntry) {
         let labels = labels(entry);
-        let common = entry.common_properties.clone().unwrap_or_default();
-        let ms = common
-            .time_to_last_downstream_tx_byte
-            .or(common.duration)
+        let parts = Parts::of(entry);
+        let ms = (parts.common.time_to_last_downstream_tx_byte.as_ref())
+            .or(parts.common.duration.as_ref())
             .map_or(0.0, |d| d.seconds as f64 * 1e3 + f64::from(d.nanos) / 1e6);
-        let request = entry.request.clone().unwrap_or_default();
-        let response = entry.response.clone().unwrap_or_default();
+        let (request, response) = (parts.request, parts.response);
         self.requests.get_or_create(&labels).inc();
         self.duration.get_or_create(&labels).observe(ms);
         self.request_bytes
@@ -141,6 +142,30 @@ impl RequestMetrics {
         self.response_bytes
             .get_or_create(&labels)
             .observe((response.response_headers_bytes + response.response_body_bytes) as f64);
+    }
+}
+
+/// The parts of an entry, borrowed (an absent part reads as empty); entries come per request,
+/// so nothing is copied.
+struct Parts<'a> {
+    common: &'a AccessLogCommon,
+    request: &'a HttpRequestProperties,
+    response: &'a HttpResponseProperties,
+}
+
+impl<'a> Parts<'a> {
+    fn of(entry: &'a HttpAccessLogEntry) -> Parts<'a> {
+        static COMMON: std::sync::OnceLock<AccessLogCommon> = std::sync::OnceLock::new();
+        static REQUEST: std::sync::OnceLock<HttpRequestProperties> = std::sync::OnceLock::new();
+        static RESPONSE: std::sync::OnceLock<HttpResponseProperties> = std::sync::OnceLock::new();
+        Parts {
+            common: (entry.common_properties.as_ref())
+                .unwrap_or_else(|| COMMON.get_or_init(AccessLogCommon::default)),
+            request: (entry.request.as_ref())
+                .unwrap_or_else(|| REQUEST.get_or_init(HttpRequestProperties::default)),
+            response: (entry.response.as_ref())
+                .unwrap_or_else(|| RESPONSE.get_or_init(HttpResponseProperties::default)),
+        }
     }
 }
 
@@ -171,7 +196,11 @@ fn principal_namespace(principal: &str) -> Option<&str> {
 
 /// The labels of one request.
 pub fn labels(entry: &HttpAccessLogEntry) -> RequestLabels {
-    let common = entry.common_properties.clone().unwrap_or_default();
+    let Parts {
+        common,
+        request,
+        response,
+    } = Parts::of(entry);
     let tag = |k: &str| common.custom_tags.get(k).cloned().unwrap_or_default();
     let source_principal = (common.filter_state_objects.get(PEER_PRINCIPAL_STATE))
         .and_then(|any| <StringValue as prost::Message>::decode(any.value.as_slice()).ok())
@@ -195,8 +224,6 @@ pub fn labels(entry: &HttpAccessLogEntry) -> RequestLabels {
     let workload = tag(TAG_DESTINATION_WORKLOAD);
     let w: Vec<&str> = workload.split(';').collect();
     let part = |i: usize| or_unknown(w.get(i).copied().unwrap_or_default());
-    let request = entry.request.clone().unwrap_or_default();
-    let response = entry.response.clone().unwrap_or_default();
     let grpc = request
         .request_headers
         .get("content-type")

@@ -65,12 +65,7 @@ impl DirectoryWriter {
 
     /// The file an owned object is written to.
     pub fn object_path(&self, key: &ObjectKey) -> PathBuf {
-        let ns = if key.namespace.is_empty() {
-            "_cluster"
-        } else {
-            &key.namespace
-        };
-        self.owned.join(ns).join(format!(
+        self.owned.join(namespace_dir(key)).join(format!(
             "{}-{}.yaml",
             key.kind.as_str().to_ascii_lowercase(),
             key.name
@@ -79,15 +74,10 @@ impl DirectoryWriter {
 
     /// The file the status of `key` is written to.
     pub fn status_path(&self, key: &ObjectKey) -> PathBuf {
-        let ns = if key.namespace.is_empty() {
-            "_cluster"
-        } else {
-            &key.namespace
-        };
         self.root
             .join(STATUS_DIR)
             .join(key.kind.as_str().to_ascii_lowercase())
-            .join(ns)
+            .join(namespace_dir(key))
             .join(format!("{}.yaml", key.name))
     }
 }
@@ -128,6 +118,15 @@ impl ObjectWriter for DirectoryWriter {
             source,
         })?;
         write_if_changed(&path, &text).map(|_| ())
+    }
+}
+
+/// The directory of `key`'s namespace (`_cluster` for cluster-scoped objects).
+fn namespace_dir(key: &ObjectKey) -> &str {
+    if key.namespace.is_empty() {
+        "_cluster"
+    } else {
+        &key.namespace
     }
 }
 

@@ -524,7 +524,7 @@ impl Ctx<'_> {
 
 /// RE2 (Envoy) lacks some constructs the `regex` crate also rejects; backreferences like `\1`
 /// are refused by both. This catches what `regex` accepts but RE2 does not: `\C`.
-fn has_unsupported_re2(value: &str) -> bool {
+pub(super) fn has_unsupported_re2(value: &str) -> bool {
     value.contains("\\C")
 }
 
@@ -539,16 +539,25 @@ pub(super) fn header_matcher(name: &str, pattern: MatchPattern) -> HeaderMatcher
     }
 }
 
-fn header_changes(m: &HttpHeaderFilter) -> (Vec<HeaderValueOption>, Vec<String>) {
-    let option = |h: &mesh_api::HttpHeader, action: HeaderAppendAction| HeaderValueOption {
+/// One header to set (`OverwriteIfExistsOrAdd`) or add (`AppendIfExistsOrAdd`).
+pub(super) fn header_option(
+    key: &str,
+    value: &str,
+    action: HeaderAppendAction,
+) -> HeaderValueOption {
+    HeaderValueOption {
         header: Some(HeaderValue {
-            key: h.name.clone(),
-            value: h.value.clone(),
+            key: key.to_string(),
+            value: value.to_string(),
             ..HeaderValue::default()
         }),
         append_action: action as i32,
         ..HeaderValueOption::default()
-    };
+    }
+}
+
+fn header_changes(m: &HttpHeaderFilter) -> (Vec<HeaderValueOption>, Vec<String>) {
+    let option = |h: &mesh_api::HttpHeader, action| header_option(&h.name, &h.value, action);
     let mut add: Vec<HeaderValueOption> = m
         .set
         .iter()

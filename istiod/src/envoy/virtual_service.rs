@@ -11,8 +11,7 @@ use mesh_api::{
     VsHttpRoute,
 };
 use mesh_proto::envoy::pb::envoy::config::core::v3::{
-    data_source, header_value_option::HeaderAppendAction, DataSource, HeaderValue,
-    HeaderValueOption,
+    data_source, header_value_option::HeaderAppendAction, DataSource, HeaderValueOption,
 };
 use mesh_proto::envoy::pb::envoy::config::route::v3::{
     query_parameter_matcher::QueryParameterMatchSpecifier,
@@ -40,7 +39,9 @@ use mesh_proto::envoy::pb::envoy::r#type::v3::{
 use super::any::{duration, pack, u32_value};
 use super::inputs::WaypointInputs;
 use super::names;
-use super::routes::{header_matcher, parse_duration, RouteError};
+use super::routes::{
+    has_unsupported_re2, header_matcher, header_option, parse_duration, RouteError,
+};
 
 /// The name of Envoy's fault filter, whose per-route config carries a route's faults.
 pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
@@ -125,20 +126,11 @@ pub fn routes(
 }
 
 fn header_options(ops: &HeaderOperations) -> (Vec<HeaderValueOption>, Vec<String>) {
-    let option = |k: &str, v: &str, action: HeaderAppendAction| HeaderValueOption {
-        header: Some(HeaderValue {
-            key: k.to_string(),
-            value: v.to_string(),
-            ..HeaderValue::default()
-        }),
-        append_action: action as i32,
-        ..HeaderValueOption::default()
-    };
     let mut add: Vec<HeaderValueOption> = (ops.set.iter())
-        .map(|(k, v)| option(k, v, HeaderAppendAction::OverwriteIfExistsOrAdd))
+        .map(|(k, v)| header_option(k, v, HeaderAppendAction::OverwriteIfExistsOrAdd))
         .collect();
     add.extend(
-        (ops.add.iter()).map(|(k, v)| option(k, v, HeaderAppendAction::AppendIfExistsOrAdd)),
+        (ops.add.iter()).map(|(k, v)| header_option(k, v, HeaderAppendAction::AppendIfExistsOrAdd)),
     );
     (add, ops.remove.clone())
 }
@@ -405,7 +397,7 @@ impl Conv<'_> {
 
     fn regex(&mut self, field: &str, value: &str) -> Option<RegexMatcher> {
         match regex::Regex::new(value) {
-            Ok(_) if !value.contains("\\C") => Some(RegexMatcher {
+            Ok(_) if !has_unsupported_re2(value) => Some(RegexMatcher {
                 regex: value.to_string(),
                 ..RegexMatcher::default()
             }),

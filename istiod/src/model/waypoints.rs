@@ -351,27 +351,23 @@ fn virtual_services_for(
     name: &str,
 ) -> Vec<Arc<mesh_api::VirtualService>> {
     let hostname = format!("{name}.{namespace}.svc.{}", cfg.domain_suffix);
-    let mut found: Vec<Arc<mesh_api::VirtualService>> = state
-        .namespaces_with(Kind::VirtualService)
-        .into_iter()
-        .flat_map(|ns| {
-            state
-                .objects_in(Kind::VirtualService, &ns)
-                .filter_map(|o| match o {
-                    Object::VirtualService(v) => Some(Arc::new((**v).clone())),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-        })
-        .filter(|v| v.spec.gateways.is_empty() || v.spec.gateways.iter().any(|g| g == "mesh"))
-        .filter(|v| {
-            let vs_ns = v.metadata.namespace.as_deref().unwrap_or("default");
-            v.spec
-                .hosts
-                .iter()
-                .any(|h| h == &hostname || crate::envoy::vs_host_names(h, vs_ns, namespace, name))
-        })
-        .collect();
+    let applies = |v: &mesh_api::VirtualService| {
+        let vs_ns = v.metadata.namespace.as_deref().unwrap_or("default");
+        let mesh = v.spec.gateways.is_empty() || v.spec.gateways.iter().any(|g| g == "mesh");
+        mesh && (v.spec.hosts.iter())
+            .any(|h| h == &hostname || crate::envoy::vs_host_names(h, vs_ns, namespace, name))
+    };
+    // Only the VirtualServices that apply are copied.
+    let mut found: Vec<Arc<mesh_api::VirtualService>> = Vec::new();
+    for ns in state.namespaces_with(Kind::VirtualService) {
+        for o in state.objects_in(Kind::VirtualService, &ns) {
+            if let Object::VirtualService(v) = o {
+                if applies(v) {
+                    found.push(Arc::new((**v).clone()));
+                }
+            }
+        }
+    }
     found.sort_by(|a, b| {
         let key = |v: &mesh_api::VirtualService| {
             (

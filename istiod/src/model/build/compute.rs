@@ -257,51 +257,39 @@ impl Model {
     /// `service`; `workload`, `all` or `none`. Otherwise traffic bypasses it, as Istio does.
     fn bind_waypoint(&self, waypoint: &mut Option<GatewayAddress>, traffic: &str) {
         use mesh_proto::workload::gateway_address::Destination;
-        let Some(Destination::Hostname(h)) = waypoint.as_ref().and_then(|g| g.destination.as_ref())
+        let Some(Destination::Hostname(h)) = waypoint.as_mut().and_then(|g| g.destination.as_mut())
         else {
             return;
         };
         let name = h.hostname.split('.').next().unwrap_or_default();
         let key = ObjectKey::new(Kind::Gateway, &h.namespace, name);
-        let usable = match self.state.get(&key) {
-            Some(Object::Gateway(g)) => {
-                let ready = g.spec.gateway_class_name == mesh_api::WAYPOINT_CLASS
-                    && g.status.as_ref().is_some_and(|s| !s.addresses.is_empty());
-                let class_key = ObjectKey::new(Kind::GatewayClass, "", &g.spec.gateway_class_name);
-                let class_default = match self.state.get(&class_key) {
-                    Some(Object::GatewayClass(c)) => meta_labels(&c.metadata)
-                        .get(mesh_api::label::WAYPOINT_FOR)
-                        .cloned(),
-                    _ => None,
-                };
-                let serves = meta_labels(&g.metadata)
-                    .get(mesh_api::label::WAYPOINT_FOR)
-                    .cloned()
-                    .or(class_default)
-                    .unwrap_or_else(|| "service".into());
-                let serves = serves.as_str();
-                ready && (serves == traffic || serves == "all")
+        match self.state.get(&key) {
+            Some(Object::Gateway(g)) if self.serves(g, traffic) => {
+                // The Service the controller made may be renamed
+                // (`gateway.istio.io/name-override`): its hostname is the one in the status.
+                if let Some(listed) = crate::model::waypoints::status_hostname(g) {
+                    h.hostname = listed.to_string();
+                }
             }
-            _ => false,
+            _ => *waypoint = None,
+        }
+    }
+
+    /// Whether `g` is a ready waypoint for `traffic`.
+    fn serves(&self, g: &mesh_api::Gateway, traffic: &str) -> bool {
+        let ready = g.spec.gateway_class_name == mesh_api::WAYPOINT_CLASS
+            && g.status.as_ref().is_some_and(|s| !s.addresses.is_empty());
+        let class_key = ObjectKey::new(Kind::GatewayClass, "", &g.spec.gateway_class_name);
+        let class_default = match self.state.get(&class_key) {
+            Some(Object::GatewayClass(c)) => {
+                meta_labels(&c.metadata).get(mesh_api::label::WAYPOINT_FOR)
+            }
+            _ => None,
         };
-        if !usable {
-            *waypoint = None;
-            return;
-        }
-        // The Service the controller made may be renamed (`gateway.istio.io/name-override`):
-        // its hostname is the one in the Gateway's status.
-        if let (
-            Some(Object::Gateway(g)),
-            Some(GatewayAddress {
-                destination: Some(Destination::Hostname(h)),
-                ..
-            }),
-        ) = (self.state.get(&key), waypoint.as_mut())
-        {
-            if let Some(listed) = crate::model::waypoints::status_hostname(g) {
-                h.hostname = listed.to_string();
-            }
-        }
+        let serves = (meta_labels(&g.metadata).get(mesh_api::label::WAYPOINT_FOR))
+            .or(class_default)
+            .map_or("service", String::as_str);
+        ready && (serves == traffic || serves == "all")
     }
 
     /// The resource of a workload; `exclusive` workloads must own their IPs.

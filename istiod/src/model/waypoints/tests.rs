@@ -140,30 +140,29 @@ fn only_changes_that_touch_a_waypoint_regenerate_it() {
     assert!(!clusters(&s5).iter().any(|c| c.contains("echo.shop")));
 }
 
-fn workload_waypoint(s: &Snapshot) -> bool {
-    let r = s
-        .addresses()
-        .get("Kubernetes//Pod/shop/echo-1")
-        .expect("workload");
+/// The waypoint hostname WDS gives the address `key` (a workload or a service), if any.
+fn waypoint_hostname(s: &Snapshot, key: &str) -> Option<String> {
+    use mesh_proto::workload::{address::Type, gateway_address::Destination};
+    let r = s.addresses().get(key).expect("address");
     let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
         .expect("decode");
-    match a.r#type {
-        Some(mesh_proto::workload::address::Type::Workload(w)) => w.waypoint.is_some(),
-        _ => panic!("not a workload"),
+    let waypoint = match a.r#type {
+        Some(Type::Workload(w)) => w.waypoint,
+        Some(Type::Service(svc)) => svc.waypoint,
+        None => panic!("empty address {key}"),
+    };
+    match waypoint?.destination {
+        Some(Destination::Hostname(h)) => Some(h.hostname),
+        other => panic!("not a hostname waypoint: {other:?}"),
     }
 }
 
+fn workload_waypoint(s: &Snapshot) -> bool {
+    waypoint_hostname(s, "Kubernetes//Pod/shop/echo-1").is_some()
+}
+
 fn service_waypoint(s: &Snapshot) -> bool {
-    let r = s
-        .addresses()
-        .get("shop/echo.shop.svc.cluster.local")
-        .expect("service");
-    let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
-        .expect("decode");
-    match a.r#type {
-        Some(mesh_proto::workload::address::Type::Service(svc)) => svc.waypoint.is_some(),
-        _ => panic!("not a service"),
-    }
+    waypoint_hostname(s, "shop/echo.shop.svc.cluster.local").is_some()
 }
 
 #[test]
@@ -253,19 +252,7 @@ fn a_renamed_waypoint_is_reached_by_the_hostname_in_its_status() {
     }
     m.apply(gw);
     let s = m.build();
-    let r = s
-        .addresses()
-        .get("shop/echo.shop.svc.cluster.local")
-        .expect("service");
-    let a = <mesh_proto::workload::Address as prost::Message>::decode(r.body.value.as_slice())
-        .expect("decode");
-    let Some(mesh_proto::workload::address::Type::Service(svc)) = a.r#type else {
-        panic!("not a service")
-    };
-    let host = match svc.waypoint.and_then(|w| w.destination) {
-        Some(mesh_proto::workload::gateway_address::Destination::Hostname(h)) => h.hostname,
-        other => panic!("no hostname waypoint: {other:?}"),
-    };
+    let host = waypoint_hostname(&s, "shop/echo.shop.svc.cluster.local").expect("bound");
     assert_eq!(host, "wp.shop.svc.cluster.local");
     // The Gateway's own proxies (labelled with the Gateway's name) still get its services.
     assert!(
