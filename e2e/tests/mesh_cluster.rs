@@ -283,6 +283,13 @@ fn bypass_inbound_capture(mode: Redirection, hint: &str) {
         .echo_server(SocketAddr::from((Ipv4Addr::UNSPECIFIED, SERVER_PORT)))
         .expect("direct app");
     let target = direct.addr(SERVER_PORT);
+    // Until node1's ztunnel has the new pod from WDS, it passes the connection through as
+    // to any address outside the mesh (plaintext, which a bypass pod accepts).
+    assert!(
+        wait(|| mesh_e2e::inspect::wds_workloads(&c.node("node1").ztunnel).contains("demo/direct")),
+        "node1's ztunnel learns demo/direct\n{}",
+        c.logs()
+    );
 
     let got = echo_until(&app.client.netns, target, is_ok, CONVERGE);
     assert_eq!(got, Echo::Ok, "client -> direct over HBONE\n{}", c.logs());

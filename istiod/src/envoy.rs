@@ -20,10 +20,13 @@
 
 mod any;
 mod clusters;
+mod destination_rule;
+mod grpc_route;
 mod inputs;
 mod listeners;
 mod rbac;
 mod routes;
+mod tcp_route;
 mod telemetry;
 mod tls;
 mod virtual_service;
@@ -80,6 +83,11 @@ pub mod names {
     pub fn vip_cluster(port: u16, protocol: &str, hostname: &str) -> String {
         format!("inbound-vip|{port}|{protocol}|{hostname}")
     }
+
+    /// `inbound-vip|<port>|<http|tcp>/<subset>|<hostname>`: a DestinationRule subset.
+    pub fn vip_subset_cluster(port: u16, protocol: &str, subset: &str, hostname: &str) -> String {
+        format!("inbound-vip|{port}|{protocol}/{subset}|{hostname}")
+    }
 }
 
 /// Everything one proxy is served, by type URL. Built once per change of the proxy's scope and
@@ -126,10 +134,11 @@ pub const WAYPOINT_TYPES: [&str; 4] = [
 /// Generates a waypoint's configuration.
 pub fn generate_waypoint(inputs: &WaypointInputs, version: u64) -> ProxyResources {
     let mut errors = Vec::new();
+    let hashes = destination_rule::hash_policy_index(inputs);
     let services: Vec<routes::ServiceRoutes> = inputs
         .services
         .iter()
-        .map(|svc| routes::ServiceRoutes::build(inputs, svc, &mut errors))
+        .map(|svc| routes::ServiceRoutes::build(inputs, svc, &hashes, &mut errors))
         .collect();
     let mut by_type: BTreeMap<&'static str, ResourceMap> = WAYPOINT_TYPES
         .iter()
@@ -141,7 +150,7 @@ pub fn generate_waypoint(inputs: &WaypointInputs, version: u64) -> ProxyResource
             map.insert(name, Arc::new(res));
         }
     };
-    for cluster in clusters::waypoint_clusters(inputs) {
+    for cluster in clusters::waypoint_clusters(inputs, &mut errors) {
         put(
             type_url::CLUSTER,
             cluster.name.clone(),
@@ -171,3 +180,5 @@ pub fn generate_waypoint(inputs: &WaypointInputs, version: u64) -> ProxyResource
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod traffic_tests;

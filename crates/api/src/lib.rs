@@ -1,11 +1,12 @@
 //! Typed objects that the mesh reads from the cluster: Kubernetes core objects (from
 //! `k8s-openapi`), Istio CRDs (`security.istio.io`, `networking.istio.io`) and Gateway API
-//! (`gateway.networking.k8s.io` Gateway and HTTPRoute).
+//! (`gateway.networking.k8s.io` GatewayClass, Gateway, HTTPRoute, GRPCRoute and TCPRoute).
 //!
 //! Every object is one variant of [`Object`], identified by an [`ObjectKey`]. Decoding goes
 //! through [`Object::from_value`], which checks `apiVersion`/`kind` and reports the exact field
 //! that failed.
 
+mod destination_rule;
 mod error;
 mod gateway;
 mod istio;
@@ -13,6 +14,7 @@ mod labels;
 mod object;
 mod virtual_service;
 
+pub use destination_rule::*;
 pub use error::ApiError;
 pub use gateway::*;
 pub use istio::*;

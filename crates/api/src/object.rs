@@ -5,9 +5,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    ApiError, AuthorizationPolicy, Deployment, Gateway, GatewayClass, HttpRoute, Namespace,
-    ObjectMeta, PeerAuthentication, Pod, Service, ServiceAccount, ServiceEntry, VirtualService,
-    WorkloadEntry,
+    ApiError, AuthorizationPolicy, Deployment, DestinationRule, Gateway, GatewayClass, GrpcRoute,
+    HttpRoute, Namespace, ObjectMeta, PeerAuthentication, Pod, Service, ServiceAccount,
+    ServiceEntry, TcpRoute, VirtualService, WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -26,11 +26,14 @@ pub enum Kind {
     ServiceAccount,
     GatewayClass,
     VirtualService,
+    DestinationRule,
+    GrpcRoute,
+    TcpRoute,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 16] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -44,6 +47,9 @@ impl Kind {
         Kind::ServiceAccount,
         Kind::GatewayClass,
         Kind::VirtualService,
+        Kind::DestinationRule,
+        Kind::GrpcRoute,
+        Kind::TcpRoute,
     ];
 
     /// The Kubernetes `kind` string.
@@ -62,6 +68,9 @@ impl Kind {
             Kind::ServiceAccount => "ServiceAccount",
             Kind::GatewayClass => "GatewayClass",
             Kind::VirtualService => "VirtualService",
+            Kind::DestinationRule => "DestinationRule",
+            Kind::GrpcRoute => "GRPCRoute",
+            Kind::TcpRoute => "TCPRoute",
         }
     }
 
@@ -70,16 +79,27 @@ impl Kind {
         match self {
             Kind::Namespace | Kind::Pod | Kind::Service | Kind::ServiceAccount => "",
             Kind::Deployment => "apps",
-            Kind::ServiceEntry | Kind::WorkloadEntry | Kind::VirtualService => {
-                "networking.istio.io"
-            }
+            Kind::ServiceEntry
+            | Kind::WorkloadEntry
+            | Kind::VirtualService
+            | Kind::DestinationRule => "networking.istio.io",
             Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
-            Kind::Gateway | Kind::HttpRoute | Kind::GatewayClass => "gateway.networking.k8s.io",
+            Kind::Gateway
+            | Kind::HttpRoute
+            | Kind::GatewayClass
+            | Kind::GrpcRoute
+            | Kind::TcpRoute => "gateway.networking.k8s.io",
         }
     }
 
     /// Versions accepted for this kind's group.
     fn versions(self) -> &'static [&'static str] {
+        match self {
+            // Experimental channel only.
+            Kind::TcpRoute => return &["v1alpha2"],
+            Kind::GrpcRoute => return &["v1", "v1alpha2"],
+            _ => {}
+        }
         match self.group() {
             "" | "apps" => &["v1"],
             "networking.istio.io" => &["v1", "v1beta1", "v1alpha3"],
@@ -161,6 +181,9 @@ pub enum Object {
     ServiceAccount(Box<ServiceAccount>),
     GatewayClass(Box<GatewayClass>),
     VirtualService(Box<VirtualService>),
+    DestinationRule(Box<DestinationRule>),
+    GrpcRoute(Box<GrpcRoute>),
+    TcpRoute(Box<TcpRoute>),
 }
 
 impl Object {
@@ -179,6 +202,9 @@ impl Object {
             Object::ServiceAccount(_) => Kind::ServiceAccount,
             Object::GatewayClass(_) => Kind::GatewayClass,
             Object::VirtualService(_) => Kind::VirtualService,
+            Object::DestinationRule(_) => Kind::DestinationRule,
+            Object::GrpcRoute(_) => Kind::GrpcRoute,
+            Object::TcpRoute(_) => Kind::TcpRoute,
         }
     }
 
@@ -197,6 +223,9 @@ impl Object {
             Object::ServiceAccount(o) => &o.metadata,
             Object::GatewayClass(o) => &o.metadata,
             Object::VirtualService(o) => &o.metadata,
+            Object::DestinationRule(o) => &o.metadata,
+            Object::GrpcRoute(o) => &o.metadata,
+            Object::TcpRoute(o) => &o.metadata,
         }
     }
 
@@ -244,6 +273,9 @@ impl Object {
             Kind::ServiceAccount => Object::ServiceAccount(decode(kind, &name, value)?),
             Kind::GatewayClass => Object::GatewayClass(decode(kind, &name, value)?),
             Kind::VirtualService => Object::VirtualService(decode(kind, &name, value)?),
+            Kind::DestinationRule => Object::DestinationRule(decode(kind, &name, value)?),
+            Kind::GrpcRoute => Object::GrpcRoute(decode(kind, &name, value)?),
+            Kind::TcpRoute => Object::TcpRoute(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -294,6 +326,9 @@ impl Object {
             Object::ServiceAccount(o) => &mut o.metadata,
             Object::GatewayClass(o) => &mut o.metadata,
             Object::VirtualService(o) => &mut o.metadata,
+            Object::DestinationRule(o) => &mut o.metadata,
+            Object::GrpcRoute(o) => &mut o.metadata,
+            Object::TcpRoute(o) => &mut o.metadata,
         }
     }
 }

@@ -10,8 +10,8 @@ use mesh_proto::envoy::pb::envoy::config::cluster::v3::{
     Cluster,
 };
 use mesh_proto::envoy::pb::envoy::config::core::v3::{
-    address, transport_socket, Address, EnvoyInternalAddress, Http2ProtocolOptions, Metadata,
-    TransportSocket,
+    address, transport_socket, Address, EnvoyInternalAddress, Http1ProtocolOptions,
+    Http2ProtocolOptions, HttpProtocolOptions as CommonOptions, Metadata, TransportSocket,
 };
 use mesh_proto::envoy::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint,
@@ -31,7 +31,9 @@ use mesh_proto::envoy::pb::envoy::r#type::metadata::v3::{metadata_kind, Metadata
 use mesh_proto::envoy::pb::google::protobuf::{value::Kind as ValueKind, Struct, Value};
 
 use super::any::{ads_source, duration, pack, u32_value};
-use super::inputs::{BoundService, Protocol, WaypointInputs};
+use super::destination_rule::{self, ClusterPolicy, Reporter};
+use super::inputs::{BoundService, Protocol, ServicePort, WaypointInputs};
+use super::routes::RouteError;
 use super::{names, tls, HBONE_PORT};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -40,32 +42,65 @@ const HBONE_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 
 /// Every cluster of a waypoint: the three internal plumbing clusters, then one per bound
-/// service port.
-pub fn waypoint_clusters(inputs: &WaypointInputs) -> Vec<Cluster> {
+/// service port and one per port and DestinationRule subset.
+pub fn waypoint_clusters(inputs: &WaypointInputs, errors: &mut Vec<RouteError>) -> Vec<Cluster> {
     let mut out = vec![
         internal_static(names::MAIN_INTERNAL, names::MAIN_INTERNAL),
         internal_static(names::ENCAP, names::CONNECT_ORIGINATE),
         connect_originate(&inputs.trust_domain),
     ];
     for svc in &inputs.services {
+        let rule = svc.destination_rule.as_deref();
+        let rule_name = rule.map(object_name).unwrap_or_default();
         for port in &svc.ports {
-            out.push(vip_cluster(svc, port.port, port.protocol));
+            let mut report = Reporter {
+                rule: rule_name.clone(),
+                field: format!("spec (port {})", port.port),
+                errors: &mut *errors,
+            };
+            out.push(vip_cluster(svc, port, None, &mut report));
+            for (i, subset) in destination_rule::subsets(rule).iter().enumerate() {
+                report.field = format!("spec.subsets[{i}] (port {})", port.port);
+                out.push(vip_cluster(svc, port, Some(subset), &mut report));
+            }
         }
     }
     out
 }
 
-/// EDS for every service-port cluster.
+/// EDS for every service-port cluster (and subset cluster).
 pub fn waypoint_endpoints(inputs: &WaypointInputs) -> Vec<ClusterLoadAssignment> {
     inputs
         .services
         .iter()
         .flat_map(|svc| {
-            svc.ports
-                .iter()
-                .map(move |p| load_assignment(svc, p.port, p.protocol))
+            let subsets = destination_rule::subsets(svc.destination_rule.as_deref());
+            svc.ports.iter().flat_map(move |p| {
+                std::iter::once(load_assignment(svc, p, None)).chain(
+                    subsets
+                        .iter()
+                        .map(move |s| load_assignment(svc, p, Some(s))),
+                )
+            })
         })
         .collect()
+}
+
+/// The name of the cluster for a service port (and subset).
+pub fn service_cluster(svc: &BoundService, port: &ServicePort, subset: Option<&str>) -> String {
+    match subset {
+        Some(s) => names::vip_subset_cluster(port.port, port.protocol.family(), s, &svc.hostname),
+        None => names::vip_cluster(port.port, port.protocol.family(), &svc.hostname),
+    }
+}
+
+/// `namespace/name` of an object.
+fn object_name(rule: &mesh_api::DestinationRule) -> String {
+    format!(
+        "{}/{}",
+        rule.metadata.namespace.as_deref().unwrap_or("default"),
+        rule.metadata.name.as_deref().unwrap_or_default()
+    )
 }
 
 /// A STATIC cluster whose one endpoint is the internal listener `listener`.
@@ -111,7 +146,6 @@ fn connect_originate(trust_domain: &str) -> Cluster {
 }
 
 fn h2_options(allow_connect: bool) -> HttpProtocolOptions {
-    use mesh_proto::envoy::pb::envoy::config::core::v3::HttpProtocolOptions as CommonOptions;
     HttpProtocolOptions {
         common_http_protocol_options: allow_connect.then(|| CommonOptions {
             idle_timeout: Some(duration(HBONE_IDLE_TIMEOUT)),
@@ -129,9 +163,31 @@ fn h2_options(allow_connect: bool) -> HttpProtocolOptions {
     }
 }
 
-/// `inbound-vip|<port>|<http|tcp>|<host>`: EDS, through `connect_originate`.
-fn vip_cluster(svc: &BoundService, port: u16, protocol: Protocol) -> Cluster {
-    let name = names::vip_cluster(port, protocol.family(), &svc.hostname);
+/// HTTP/1.1 to the application with `common` connection options (a DestinationRule's).
+fn h1_options(common: CommonOptions) -> HttpProtocolOptions {
+    HttpProtocolOptions {
+        common_http_protocol_options: Some(common),
+        upstream_protocol_options: Some(UpstreamProtocolOptions::ExplicitHttpConfig(
+            ExplicitHttpConfig {
+                protocol_config: Some(ProtocolConfig::HttpProtocolOptions(
+                    Http1ProtocolOptions::default(),
+                )),
+            },
+        )),
+        ..HttpProtocolOptions::default()
+    }
+}
+
+/// `inbound-vip|<port>|<http|tcp>[/<subset>]|<host>`: EDS, through `connect_originate`, with
+/// the DestinationRule's policy for that port (and subset).
+fn vip_cluster(
+    svc: &BoundService,
+    port: &ServicePort,
+    subset: Option<&mesh_api::Subset>,
+    report: &mut Reporter<'_>,
+) -> Cluster {
+    let protocol = port.protocol;
+    let name = service_cluster(svc, port, subset.map(|s| s.name.as_str()));
     let mut cluster = Cluster {
         name: name.clone(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
@@ -143,22 +199,38 @@ fn vip_cluster(svc: &BoundService, port: u16, protocol: Protocol) -> Cluster {
         transport_socket: Some(internal_upstream(true)),
         ..Cluster::default()
     };
-    if protocol.upstream_h2() {
+    let policy = ClusterPolicy::resolve(svc.destination_rule.as_deref(), subset, port.port);
+    let common = destination_rule::apply(&mut cluster, &policy, report);
+    let options = match (protocol.upstream_h2(), protocol == Protocol::Tcp, common) {
+        (true, _, common) => Some(HttpProtocolOptions {
+            common_http_protocol_options: common,
+            ..h2_options(false)
+        }),
+        (false, false, Some(common)) => Some(h1_options(common)),
+        _ => None,
+    };
+    if let Some(options) = options {
         cluster
             .typed_extension_protocol_options
-            .insert(HTTP_PROTOCOL_OPTIONS.to_string(), pack(&h2_options(false)));
+            .insert(HTTP_PROTOCOL_OPTIONS.to_string(), pack(&options));
     }
     cluster
 }
 
-/// The endpoints of one service port: each pod as an internal address of `connect_originate`
-/// carrying `ip:targetPort` as the original destination.
-fn load_assignment(svc: &BoundService, port: u16, protocol: Protocol) -> ClusterLoadAssignment {
-    let name = names::vip_cluster(port, protocol.family(), &svc.hostname);
+/// The endpoints of one service port (those of a subset: whose labels match): each pod as an
+/// internal address of `connect_originate` carrying `ip:targetPort` as the original destination.
+fn load_assignment(
+    svc: &BoundService,
+    service_port: &ServicePort,
+    subset: Option<&mesh_api::Subset>,
+) -> ClusterLoadAssignment {
+    let port = service_port.port;
+    let name = service_cluster(svc, service_port, subset.map(|s| s.name.as_str()));
     let lb_endpoints = svc
         .endpoints
         .iter()
         .filter(|e| e.healthy)
+        .filter(|e| subset.is_none_or(|s| destination_rule::in_subset(s, &e.labels)))
         .filter_map(|e| {
             let target = std::net::SocketAddr::new(e.ip, e.target_port(port)?);
             let id = target.to_string();

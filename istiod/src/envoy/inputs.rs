@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use mesh_api::{AuthorizationPolicy, HttpRoute};
+use mesh_api::{AuthorizationPolicy, DestinationRule, GrpcRoute, HttpRoute, TcpRoute};
 use serde::Serialize;
 
 /// A waypoint: the Gateway's namespace and name.
@@ -117,6 +117,15 @@ pub struct BoundService {
     /// HTTPRoutes whose parentRefs name this service, ordered by name.
     #[serde(skip)]
     pub routes: Vec<Arc<HttpRoute>>,
+    /// GRPCRoutes whose parentRefs name this service, ordered by name (HTTP ports).
+    #[serde(skip)]
+    pub grpc_routes: Vec<Arc<GrpcRoute>>,
+    /// TCPRoutes whose parentRefs name this service, ordered by name (TCP ports).
+    #[serde(skip)]
+    pub tcp_routes: Vec<Arc<TcpRoute>>,
+    /// The DestinationRule in force for the host, merged as Istio merges several (subsets of
+    /// all of them, the first traffic policy).
+    pub destination_rule: Option<Arc<DestinationRule>>,
     /// VirtualServices whose `hosts` name the service (used when no HTTPRoute attaches).
     pub virtual_services: Vec<Arc<mesh_api::VirtualService>>,
     /// AuthorizationPolicies attached to this service or to the waypoint (by `targetRefs`).

@@ -236,7 +236,9 @@ fn main_internal(inputs: &WaypointInputs, routes: &[ServiceRoutes]) -> Listener 
                         .iter()
                         .map(|(name, config)| network_filter(name, pack(config)))
                         .collect();
-                    f.push(tcp_chain_filter(&cluster));
+                    let target = (svc_routes.tcp_by_port.get(&port.port).cloned())
+                        .unwrap_or_else(|| tcp_proxy::ClusterSpecifier::Cluster(cluster.clone()));
+                    f.push(tcp_chain_filter(&cluster, target));
                     f
                 }
             };
@@ -341,10 +343,10 @@ fn chain_action(chain: &str) -> OnMatch {
     }
 }
 
-fn tcp_chain_filter(cluster: &str) -> Filter {
+fn tcp_chain_filter(cluster: &str, target: tcp_proxy::ClusterSpecifier) -> Filter {
     let proxy = TcpProxy {
         stat_prefix: cluster.to_string(),
-        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        cluster_specifier: Some(target),
         ..TcpProxy::default()
     };
     network_filter("envoy.filters.network.tcp_proxy", pack(&proxy))

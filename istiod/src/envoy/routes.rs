@@ -6,7 +6,7 @@
 //! order); a service with routes answers 404 to requests no rule matches; a service without
 //! routes sends everything to itself; backends that cannot be resolved answer 500.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use mesh_api::{HttpBackendRef, HttpHeaderFilter, HttpRoute, HttpRouteMatch, HttpRouteRule};
@@ -18,7 +18,7 @@ use mesh_proto::envoy::pb::envoy::config::route::v3::{
     header_matcher::HeaderMatchSpecifier,
     redirect_action,
     route::Action,
-    route_action::{ClusterSpecifier, RequestMirrorPolicy},
+    route_action::{ClusterSpecifier, HashPolicy, RequestMirrorPolicy},
     route_match::PathSpecifier,
     weighted_cluster::ClusterWeight,
     DirectResponseAction, HeaderMatcher, QueryParameterMatcher, RedirectAction, RetryPolicy, Route,
@@ -32,39 +32,54 @@ use serde::Serialize;
 use super::any::{duration, u32_value};
 use super::inputs::{BoundService, Protocol, WaypointInputs};
 use super::names;
+pub use super::tcp_route::TcpClusters;
 
 /// A part of a route the waypoint cannot serve; the rest of the route still applies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
 #[serde(tag = "reason", rename_all = "snake_case")]
 pub enum RouteError {
-    #[error("HTTPRoute {route}: {field} = {value:?} is not a valid regular expression ({detail}); the match is left out and never matches")]
+    #[error("{route_kind} {route}: {field} = {value:?} is not a valid regular expression ({detail}); the match is left out and never matches")]
     InvalidRegex {
+        /// `HTTPRoute`, `GRPCRoute` or `TCPRoute`.
+        route_kind: &'static str,
         route: String,
         field: String,
         value: String,
         detail: String,
     },
-    #[error("HTTPRoute {route}: {field} = {value:?} is not a Gateway API duration (e.g. 10s, 500ms, 1h30m); the timeout is not applied")]
+    #[error("{route_kind} {route}: {field} = {value:?} is not a Gateway API duration (e.g. 10s, 500ms, 1h30m); the timeout is not applied")]
     InvalidDuration {
+        /// `HTTPRoute`, `GRPCRoute` or `TCPRoute`.
+        route_kind: &'static str,
         route: String,
         field: String,
         value: String,
     },
-    #[error("HTTPRoute {route}: {field} refers to {backend}, which is not a service of waypoint {waypoint} (or has no such port); requests to it get 500. Bind the service to the waypoint (istio.io/use-waypoint) or fix the reference")]
+    #[error("{route_kind} {route}: {field} refers to {backend}, which is not a service of waypoint {waypoint} (or has no such port); requests to it get 500. Bind the service to the waypoint (istio.io/use-waypoint) or fix the reference")]
     UnknownBackend {
+        /// `HTTPRoute`, `GRPCRoute` or `TCPRoute`.
+        route_kind: &'static str,
         route: String,
         field: String,
         backend: String,
         waypoint: String,
     },
-    #[error("HTTPRoute {route}: {field} of type {kind:?} is not supported by this waypoint; the filter is ignored")]
+    #[error("{route_kind} {route}: {field} of type {kind:?} is not supported by this waypoint; the filter is ignored")]
     UnsupportedFilter {
+        /// `HTTPRoute`, `GRPCRoute` or `TCPRoute`.
+        route_kind: &'static str,
         route: String,
         field: String,
         kind: String,
     },
     #[error("VirtualService {name}: {field}: {problem}")]
     VirtualService {
+        name: String,
+        field: String,
+        problem: String,
+    },
+    #[error("DestinationRule {name}: {field}: {problem}")]
+    DestinationRule {
         name: String,
         field: String,
         problem: String,
@@ -83,6 +98,7 @@ impl RouteError {
             RouteError::UnknownBackend { .. } => "unknown_backend",
             RouteError::UnsupportedFilter { .. } => "unsupported_filter",
             RouteError::VirtualService { .. } => "virtual_service",
+            RouteError::DestinationRule { .. } => "destination_rule",
             RouteError::Policy(e) => e.reason(),
         }
     }
@@ -93,6 +109,8 @@ impl RouteError {
 pub struct ServiceRoutes {
     /// Service port -> its inline route configuration (HTTP ports only).
     pub by_port: BTreeMap<u16, RouteConfiguration>,
+    /// TCP service port -> the clusters a TCPRoute sends it to (absent: the port's own).
+    pub tcp_by_port: BTreeMap<u16, TcpClusters>,
     /// The RBAC HTTP filters of the service's policies (name, config).
     pub rbac: Vec<(
         String,
@@ -109,6 +127,7 @@ impl ServiceRoutes {
     pub fn build(
         inputs: &WaypointInputs,
         svc: &BoundService,
+        hashes: &HashMap<String, Vec<HashPolicy>>,
         errors: &mut Vec<RouteError>,
     ) -> ServiceRoutes {
         let mut by_port = BTreeMap::new();
@@ -127,13 +146,15 @@ impl ServiceRoutes {
             }
         }
         errors.extend(seen.into_iter().map(RouteError::Policy));
+        let grpc: Vec<HttpRoute> = (svc.grpc_routes.iter())
+            .map(|r| super::grpc_route::as_http_route(r))
+            .collect();
         for port in svc.ports.iter().filter(|p| p.protocol != Protocol::Tcp) {
             let cluster = names::vip_cluster(port.port, port.protocol.family(), &svc.hostname);
-            let attached: Vec<&HttpRoute> = svc
-                .routes
-                .iter()
-                .map(|r| &**r)
-                .filter(|r| attaches_to_port(r, svc, port.port))
+            let attached: Vec<(&'static str, &HttpRoute)> = (svc.routes.iter())
+                .map(|r| ("HTTPRoute", &**r))
+                .chain(grpc.iter().map(|r| ("GRPCRoute", r)))
+                .filter(|(_, r)| attaches_to_port(r, svc, port.port))
                 .collect();
             let virtual_services: Vec<&mesh_api::VirtualService> =
                 svc.virtual_services.iter().map(|v| &**v).collect();
@@ -151,10 +172,13 @@ impl ServiceRoutes {
                 let mut ctx = Ctx {
                     inputs,
                     port: port.port,
+                    kind: "HTTPRoute",
                     errors: &mut *errors,
                 };
                 ctx.routes(&attached)
             };
+            let mut routes = routes;
+            super::destination_rule::apply_hash_policies(&mut routes, hashes);
             by_port.insert(
                 port.port,
                 RouteConfiguration {
@@ -172,8 +196,16 @@ impl ServiceRoutes {
                 },
             );
         }
+        let tcp_by_port = (svc.ports.iter())
+            .filter(|p| p.protocol == Protocol::Tcp)
+            .filter_map(|p| {
+                let clusters = super::tcp_route::clusters(inputs, svc, p.port, errors)?;
+                Some((p.port, clusters))
+            })
+            .collect();
         ServiceRoutes {
             by_port,
+            tcp_by_port,
             rbac,
             rbac_tcp,
         }
@@ -182,8 +214,18 @@ impl ServiceRoutes {
 
 /// Whether `route` has a parentRef naming `svc` (and, if it names a port, this one).
 fn attaches_to_port(route: &HttpRoute, svc: &BoundService, port: u16) -> bool {
-    let route_ns = route.metadata.namespace.as_deref().unwrap_or("default");
-    route.spec.parent_refs.iter().any(|p| {
+    parents_name_port(&route.metadata, &route.spec.parent_refs, svc, port)
+}
+
+/// Whether `refs` (of a route with `meta`) name `svc` (and, if a port is named, this one).
+pub(super) fn parents_name_port(
+    meta: &mesh_api::ObjectMeta,
+    refs: &[mesh_api::ParentReference],
+    svc: &BoundService,
+    port: u16,
+) -> bool {
+    let route_ns = meta.namespace.as_deref().unwrap_or("default");
+    refs.iter().any(|p| {
         p.is_service()
             && p.name == svc.name
             && p.namespace.as_deref().unwrap_or(route_ns) == svc.namespace
@@ -210,6 +252,8 @@ fn default_route(cluster: &str) -> Route {
 struct Ctx<'a> {
     inputs: &'a WaypointInputs,
     port: u16,
+    /// The kind of the route being converted, for messages.
+    kind: &'static str,
     errors: &'a mut Vec<RouteError>,
 }
 
@@ -236,9 +280,10 @@ fn precedence(m: &HttpRouteMatch) -> (u8, usize, bool, usize, usize) {
 }
 
 impl Ctx<'_> {
-    fn routes(&mut self, attached: &[&HttpRoute]) -> Vec<Route> {
+    fn routes(&mut self, attached: &[(&'static str, &HttpRoute)]) -> Vec<Route> {
         let mut entries = Vec::new();
-        for (order, route) in attached.iter().enumerate() {
+        for (order, (kind, route)) in attached.iter().enumerate() {
+            self.kind = kind;
             let name = route_name(route);
             for (i, rule) in route.spec.rules.iter().enumerate() {
                 let field = format!("spec.rules[{i}]");
@@ -300,6 +345,7 @@ impl Ctx<'_> {
                     }
                 }
                 other => self.errors.push(RouteError::UnsupportedFilter {
+                    route_kind: self.kind,
                     route: route.to_string(),
                     field: ffield,
                     kind: other.to_string(),
@@ -315,6 +361,7 @@ impl Ctx<'_> {
             match parse_duration(v) {
                 Some(d) => timeout = d,
                 None => self.errors.push(RouteError::InvalidDuration {
+                    route_kind: self.kind,
                     route: route.to_string(),
                     field: format!("{field}.timeouts.request"),
                     value: v.clone(),
@@ -371,6 +418,7 @@ impl Ctx<'_> {
                     },
                 ),
                 None => self.errors.push(RouteError::InvalidDuration {
+                    route_kind: self.kind,
                     route: route.to_string(),
                     field: format!("{field}.retry.backoff"),
                     value: b.clone(),
@@ -427,6 +475,7 @@ impl Ctx<'_> {
             Some((s, p)) => Some(names::vip_cluster(p.port, p.protocol.family(), &s.hostname)),
             None => {
                 self.errors.push(RouteError::UnknownBackend {
+                    route_kind: self.kind,
                     route: route.to_string(),
                     field: field.to_string(),
                     backend: format!("{ns}/{}:{port}", b.name),
@@ -511,6 +560,7 @@ impl Ctx<'_> {
                     |e| e.to_string(),
                 );
                 self.errors.push(RouteError::InvalidRegex {
+                    route_kind: self.kind,
                     route: route.to_string(),
                     field: field.to_string(),
                     value: value.to_string(),

@@ -48,7 +48,10 @@ fn service(name: &str, vip: &str, endpoints: Vec<Endpoint>) -> BoundService {
         ],
         endpoints,
         routes: Vec::new(),
+        grpc_routes: Vec::new(),
+        tcp_routes: Vec::new(),
         virtual_services: Vec::new(),
+        destination_rule: None,
         policies: Vec::new(),
     }
 }
@@ -146,7 +149,7 @@ fn only_tcp_layer_errors(res: &ProxyResources) {
 }
 
 /// The HTTP filter names of one `main_internal` chain.
-fn http_filter_names(res: &ProxyResources, chain: &str) -> Vec<String> {
+pub(super) fn http_filter_names(res: &ProxyResources, chain: &str) -> Vec<String> {
     chain_hcm(res, chain)
         .http_filters
         .iter()
@@ -239,7 +242,7 @@ spec:
     );
 }
 
-fn inputs() -> WaypointInputs {
+pub(super) fn inputs() -> WaypointInputs {
     let mut echo = service(
         "echo",
         "10.96.0.10",
@@ -269,7 +272,7 @@ fn inputs() -> WaypointInputs {
     }
 }
 
-fn decode<M: Message + Default>(res: &ProxyResources, type_url: &str) -> Vec<M> {
+pub(super) fn decode<M: Message + Default>(res: &ProxyResources, type_url: &str) -> Vec<M> {
     res.get(type_url)
         .expect("type served")
         .values()
@@ -329,7 +332,7 @@ fn waypoint_has_istiods_listener_and_cluster_names() {
 }
 
 /// The HTTP connection manager of one `main_internal` chain.
-fn chain_hcm(
+pub(super) fn chain_hcm(
     res: &ProxyResources,
     chain: &str,
 ) -> mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager{
@@ -351,7 +354,7 @@ fn chain_hcm(
 }
 
 /// The inline route configuration of one `main_internal` chain.
-fn route_config(
+pub(super) fn route_config(
     res: &ProxyResources,
     chain: &str,
 ) -> mesh_proto::envoy::pb::envoy::config::route::v3::RouteConfiguration {
@@ -500,7 +503,7 @@ fn gateway_api_durations() {
 
 /// A bootstrap holding the generated listeners and clusters as static resources (EDS clusters
 /// also as STATIC copies carrying their generated endpoints), in Envoy's binary format.
-fn validation_bootstrap(res: &ProxyResources) -> Vec<u8> {
+pub(super) fn validation_bootstrap(res: &ProxyResources) -> Vec<u8> {
     use mesh_proto::envoy::pb::envoy::config::bootstrap::v3::{bootstrap, Bootstrap};
     use mesh_proto::envoy::pb::envoy::config::cluster::v3::cluster::{
         ClusterDiscoveryType, DiscoveryType,
@@ -585,17 +588,30 @@ fn validation_bootstrap(res: &ProxyResources) -> Vec<u8> {
 
 #[test]
 fn envoy_validates_the_generated_waypoint_config() {
-    let Some(envoy) = mesh_testutil::envoy_path() else {
-        eprintln!("skipping: no Envoy (set ENVOY_PATH); CI requires it");
+    let Some(envoy) = envoy_or_skip() else {
         return;
     };
+    envoy_validates(&envoy, &generate_waypoint(&inputs(), 1));
+}
+
+/// The Envoy binary; without one, `None` (a skip) locally and a panic in CI.
+pub(super) fn envoy_or_skip() -> Option<std::path::PathBuf> {
+    let found = mesh_testutil::envoy_path();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no Envoy (set ENVOY_PATH): CI must validate the generated config"
+        );
+        eprintln!("skipping: no Envoy (set ENVOY_PATH)");
+    }
+    found
+}
+
+/// Runs `envoy --mode validate` on `res` as static resources; panics with Envoy's complaint.
+pub(super) fn envoy_validates(envoy: &std::path::Path, res: &ProxyResources) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bootstrap.pb");
-    std::fs::write(
-        &path,
-        validation_bootstrap(&generate_waypoint(&inputs(), 1)),
-    )
-    .expect("write");
+    std::fs::write(&path, validation_bootstrap(res)).expect("write");
     let out = std::process::Command::new(envoy)
         .arg("--mode")
         .arg("validate")

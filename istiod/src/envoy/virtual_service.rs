@@ -37,8 +37,8 @@ use mesh_proto::envoy::pb::envoy::r#type::v3::{
 };
 
 use super::any::{duration, pack, u32_value};
+use super::clusters::service_cluster;
 use super::inputs::WaypointInputs;
-use super::names;
 use super::routes::{
     has_unsupported_re2, header_matcher, header_option, parse_duration, RouteError,
 };
@@ -136,7 +136,7 @@ fn header_options(ops: &HeaderOperations) -> (Vec<HeaderValueOption>, Vec<String
 }
 
 /// Istio's durations: Gateway API style (`1s`, `500ms`, `1h30m`) or decimal seconds (`1.5s`).
-fn vs_duration(value: &str) -> Option<Duration> {
+pub(super) fn istio_duration(value: &str) -> Option<Duration> {
     parse_duration(value).or_else(|| {
         let secs: f64 = value.strip_suffix('s')?.parse().ok()?;
         (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
@@ -204,7 +204,7 @@ impl Conv<'_> {
             ..RouteAction::default()
         };
         if let Some(t) = &http.timeout {
-            match vs_duration(t) {
+            match istio_duration(t) {
                 Some(d) => action.timeout = Some(duration(d)),
                 None => self.error(
                     &format!("{field}.timeout"),
@@ -303,7 +303,7 @@ impl Conv<'_> {
         }
         policy.retry_on = conditions.join(",");
         if let Some(t) = &r.per_try_timeout {
-            match vs_duration(t) {
+            match istio_duration(t) {
                 Some(d) => policy.per_try_timeout = Some(duration(d)),
                 None => self.error(
                     &format!("{field}.retries.perTryTimeout"),
@@ -317,7 +317,7 @@ impl Conv<'_> {
     fn fault(&mut self, field: &str, f: &HttpFaultInjection) -> Option<HttpFault> {
         let mut out = HttpFault::default();
         if let Some(d) = &f.delay {
-            match d.fixed_delay.as_deref().map(|v| (v, vs_duration(v))) {
+            match d.fixed_delay.as_deref().map(|v| (v, istio_duration(v))) {
                 Some((_, Some(delay))) => {
                     out.delay = Some(FaultDelay {
                         percentage: Some(percent(d.percentage.as_ref().map(|p| p.value))),
@@ -354,20 +354,27 @@ impl Conv<'_> {
 
     /// The cluster of a destination: a service of this waypoint, on a port it has.
     fn cluster(&mut self, field: &str, d: &Destination) -> Option<String> {
-        if let Some(subset) = &d.subset {
-            self.error(
-                &format!("{field}.subset"),
-                format!("subset {subset:?} needs DestinationRule subsets, which this waypoint does not apply yet; the destination is left out"),
-            );
-            return None;
-        }
         let (ns, name) = resolve_host(&d.host, &self.ns);
         let port = d.port.as_ref().map_or(self.port, |p| p.number);
         let found = self.inputs.service(ns, name).and_then(|s| {
             let p = (s.ports.iter().find(|p| p.port == port))
                 .or_else(|| (s.ports.len() == 1).then(|| &s.ports[0]))?;
-            Some(names::vip_cluster(p.port, p.protocol.family(), &s.hostname))
+            Some((s, p))
         });
+        if let (Some((svc, p)), Some(subset)) = (found, &d.subset) {
+            let known = super::destination_rule::subsets(svc.destination_rule.as_deref())
+                .iter()
+                .any(|s| &s.name == subset);
+            if !known {
+                self.error(
+                    &format!("{field}.subset"),
+                    format!("subset {subset:?} is not defined by a DestinationRule for {}; the destination is left out", svc.hostname),
+                );
+                return None;
+            }
+            return Some(service_cluster(svc, p, Some(subset)));
+        }
+        let found = found.map(|(svc, p)| service_cluster(svc, p, None));
         if found.is_none() {
             self.error(
                 field,

@@ -133,34 +133,40 @@ impl WaypointIndex {
                     name: key.name.clone(),
                 });
             }
-            Kind::HttpRoute => {
+            Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => {
                 for obj in [old, new].into_iter().flatten() {
-                    let Object::HttpRoute(route) = obj else {
-                        continue;
+                    let refs = match obj {
+                        Object::HttpRoute(r) => &r.spec.parent_refs,
+                        Object::GrpcRoute(r) => &r.spec.parent_refs,
+                        Object::TcpRoute(r) => &r.spec.parent_refs,
+                        _ => continue,
                     };
-                    for p in route.spec.parent_refs.iter().filter(|p| p.is_service()) {
+                    for p in refs.iter().filter(|p| p.is_service()) {
                         let ns = p.namespace.as_deref().unwrap_or(&key.namespace);
                         self.mark_service(ns, &p.name);
                     }
                 }
             }
-            Kind::VirtualService => {
+            Kind::VirtualService | Kind::DestinationRule => {
                 for obj in [old, new].into_iter().flatten() {
-                    let Object::VirtualService(vs) = obj else {
-                        continue;
+                    let hosts: &[String] = match obj {
+                        Object::VirtualService(vs) => &vs.spec.hosts,
+                        Object::DestinationRule(dr) => std::slice::from_ref(&dr.spec.host),
+                        _ => continue,
                     };
-                    let marked: Vec<WaypointKey> = (self.services.values())
-                        .filter(|s| {
-                            vs.spec.hosts.iter().any(|h| {
+                    // By Kubernetes name, or by hostname (a ServiceEntry's).
+                    let marked: Vec<WaypointKey> = (self.services.iter())
+                        .filter(|(wds_key, s)| {
+                            hosts.iter().any(|h| {
                                 crate::envoy::vs_host_names(
                                     h,
                                     &key.namespace,
                                     &s.namespace,
                                     &s.name,
-                                )
+                                ) || wds_key.rsplit_once('/').is_some_and(|(_, host)| host == h)
                             })
                         })
-                        .filter_map(|s| s.waypoint.clone())
+                        .filter_map(|(_, s)| s.waypoint.clone())
                         .collect();
                     self.dirty.extend(marked);
                 }
@@ -310,20 +316,43 @@ impl WaypointIndex {
             .flatten()
             .filter_map(|uid| endpoint(state, addresses, uid, key))
             .collect();
-        let routes = state
-            .objects_in(Kind::HttpRoute, &svc.namespace)
+        let names_svc = |refs: &[mesh_api::ParentReference]| {
+            refs.iter().any(|p| p.is_service() && p.name == svc.name)
+        };
+        let in_ns = |kind| state.objects_in(kind, &svc.namespace);
+        let routes = in_ns(Kind::HttpRoute)
             .filter_map(|o| match o {
-                Object::HttpRoute(r) => Some(Arc::new((**r).clone())),
+                Object::HttpRoute(r) if names_svc(&r.spec.parent_refs) => {
+                    Some(Arc::new((**r).clone()))
+                }
                 _ => None,
             })
-            .filter(|r| {
-                r.spec
-                    .parent_refs
-                    .iter()
-                    .any(|p| p.is_service() && p.name == svc.name)
+            .collect();
+        let grpc_routes = in_ns(Kind::GrpcRoute)
+            .filter_map(|o| match o {
+                Object::GrpcRoute(r) if names_svc(&r.spec.parent_refs) => {
+                    Some(Arc::new((**r).clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let tcp_routes = in_ns(Kind::TcpRoute)
+            .filter_map(|o| match o {
+                Object::TcpRoute(r) if names_svc(&r.spec.parent_refs) => {
+                    Some(Arc::new((**r).clone()))
+                }
+                _ => None,
             })
             .collect();
         let virtual_services = virtual_services_for(state, cfg, &svc.namespace, &svc.name);
+        let destination_rule = destination_rule_for(
+            state,
+            cfg,
+            &wp.namespace,
+            &svc.namespace,
+            &svc.name,
+            &svc.hostname,
+        );
         Some(BoundService {
             namespace: svc.namespace.clone(),
             name: svc.name.clone(),
@@ -336,7 +365,10 @@ impl WaypointIndex {
             ports,
             endpoints,
             routes,
+            grpc_routes,
+            tcp_routes,
             virtual_services,
+            destination_rule,
             policies: attached_policies(cfg, state, wp, &svc.namespace, &svc.name),
         })
     }
@@ -379,6 +411,70 @@ fn virtual_services_for(
         key(a).cmp(&key(b))
     });
     found
+}
+
+/// The DestinationRule for `namespace/name` as the waypoint in `wp_ns` sees it: rules in the
+/// waypoint's namespace win, then the service's, then the root namespace's. Within that
+/// namespace several rules for the host merge as Istio merges them: oldest first, its traffic
+/// policy (or the first one that has any), subsets of all of them (the first of a name wins).
+/// Rules with a `workloadSelector` are for sidecars and do not apply; `exportTo` is honoured.
+fn destination_rule_for(
+    state: &State,
+    cfg: &ModelConfig,
+    wp_ns: &str,
+    namespace: &str,
+    name: &str,
+    hostname: &str,
+) -> Option<Arc<mesh_api::DestinationRule>> {
+    let visible = |dr: &mesh_api::DestinationRule, dr_ns: &str| {
+        let to = &dr.spec.export_to;
+        to.is_empty()
+            || to
+                .iter()
+                .any(|e| e == "*" || e == wp_ns || (e == "." && dr_ns == wp_ns))
+    };
+    let names_host = |dr: &mesh_api::DestinationRule, dr_ns: &str| {
+        dr.spec.host == hostname
+            || crate::envoy::vs_host_names(&dr.spec.host, dr_ns, namespace, name)
+    };
+    let mut order = vec![wp_ns, namespace, cfg.root_namespace.as_str()];
+    order.dedup();
+    for ns in order {
+        let mut found: Vec<&mesh_api::DestinationRule> = state
+            .objects_in(Kind::DestinationRule, ns)
+            .filter_map(|o| match o {
+                Object::DestinationRule(d) => Some(&**d),
+                _ => None,
+            })
+            .filter(|d| d.spec.workload_selector.is_none())
+            .filter(|d| visible(d, ns) && names_host(d, ns))
+            .collect();
+        if found.is_empty() {
+            continue;
+        }
+        found.sort_by(|a, b| {
+            let key = |d: &mesh_api::DestinationRule| {
+                (
+                    d.metadata.creation_timestamp.clone().map(|t| t.0),
+                    d.metadata.name.clone(),
+                )
+            };
+            key(a).cmp(&key(b))
+        });
+        let mut merged = found[0].clone();
+        for other in &found[1..] {
+            if merged.spec.traffic_policy.is_none() {
+                merged.spec.traffic_policy = other.spec.traffic_policy.clone();
+            }
+            for s in &other.spec.subsets {
+                if !merged.spec.subsets.iter().any(|m| m.name == s.name) {
+                    merged.spec.subsets.push(s.clone());
+                }
+            }
+        }
+        return Some(Arc::new(merged));
+    }
+    None
 }
 
 /// `targetRef` and `targetRefs` of a policy.

@@ -50,7 +50,13 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
     let ns = key.namespace.as_str();
     match key.kind {
         // Routes change waypoint configuration only (see `model::waypoints`).
-        Kind::Pod | Kind::WorkloadEntry | Kind::HttpRoute | Kind::VirtualService => {}
+        Kind::Pod
+        | Kind::WorkloadEntry
+        | Kind::HttpRoute
+        | Kind::GrpcRoute
+        | Kind::TcpRoute
+        | Kind::VirtualService
+        | Kind::DestinationRule => {}
         Kind::Deployment | Kind::ServiceAccount => {}
         // A class's traffic-type default: as a Gateway's change, for all of them (rare).
         Kind::GatewayClass => {

@@ -263,3 +263,86 @@ fn a_renamed_waypoint_is_reached_by_the_hostname_in_its_status() {
         clusters(&s)
     );
 }
+
+fn destination_rule(ns: &str, name: &str, host: &str, subset: &str) -> mesh_api::Object {
+    obj(json!({
+        "apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"host": host, "subsets": [{"name": subset, "labels": {"app": "echo"}}]},
+    }))
+}
+
+#[test]
+fn destination_rules_add_subset_clusters_by_istios_namespace_precedence() {
+    let mut m = shop();
+    let first = m.build();
+    let has = |s: &Snapshot, subset: &str| {
+        clusters(s).contains(&format!(
+            "inbound-vip|80|http/{subset}|echo.shop.svc.cluster.local"
+        ))
+    };
+    // A root-namespace rule applies when nothing nearer does.
+    m.apply(destination_rule(
+        "istio-system",
+        "root",
+        "echo.shop.svc.cluster.local",
+        "fromroot",
+    ));
+    let s = m.build();
+    assert!(s.waypoint(&key()).changed_in > first.waypoint(&key()).changed_in);
+    assert!(has(&s, "fromroot"));
+    // The service's (here also the waypoint's) namespace wins over the root namespace, and a
+    // short host is read in the rule's namespace.
+    m.apply(destination_rule("shop", "local", "echo", "v1"));
+    let s = m.build();
+    assert!(has(&s, "v1") && !has(&s, "fromroot"), "{:?}", clusters(&s));
+    // Two rules for the host in one namespace: their subsets merge.
+    m.apply(destination_rule(
+        "shop",
+        "more",
+        "echo.shop.svc.cluster.local",
+        "v2",
+    ));
+    let s = m.build();
+    assert!(has(&s, "v1") && has(&s, "v2"), "{:?}", clusters(&s));
+    // A rule for sidecars only (workloadSelector) does not apply to the waypoint.
+    m.delete(&ObjectKey::new(Kind::DestinationRule, "shop", "local"));
+    m.delete(&ObjectKey::new(Kind::DestinationRule, "shop", "more"));
+    m.apply(obj(json!({
+        "apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+        "metadata": {"name": "sidecars", "namespace": "shop"},
+        "spec": {"host": "echo", "workloadSelector": {"matchLabels": {"app": "x"}},
+                 "subsets": [{"name": "sc", "labels": {"app": "echo"}}]},
+    })));
+    let s = m.build();
+    assert!(!has(&s, "sc") && has(&s, "fromroot"), "{:?}", clusters(&s));
+}
+
+#[test]
+fn grpc_and_tcp_routes_regenerate_the_waypoint_of_their_parent() {
+    let mut m = shop();
+    let before = m.build().waypoint(&key()).changed_in;
+    m.apply(obj(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute",
+        "metadata": {"name": "g", "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo"}],
+                 "rules": [{"matches": [{"method": {"service": "a.B", "method": "C"}}],
+                            "backendRefs": [{"name": "echo", "port": 80}]}]},
+    })));
+    let s = m.build();
+    let after = s.waypoint(&key()).changed_in;
+    assert!(after > before);
+    let lds = s.waypoint(&key()).get(type_url::LISTENER).expect("lds");
+    let main = lds.get("main_internal").expect("main_internal");
+    assert!(
+        String::from_utf8_lossy(&main.body.value).contains("/a.B/C"),
+        "the GRPCRoute's method path is served"
+    );
+    m.apply(obj(json!({
+        "apiVersion": "gateway.networking.k8s.io/v1alpha2", "kind": "TCPRoute",
+        "metadata": {"name": "t", "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo", "port": 9000}],
+                 "rules": [{"backendRefs": [{"name": "echo", "port": 9000}]}]},
+    })));
+    assert!(m.build().waypoint(&key()).changed_in > after);
+}
