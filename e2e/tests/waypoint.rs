@@ -543,32 +543,46 @@ fn waypoint_is_not_ready_before_its_first_configuration() {
 
 const TCP_SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: db\n  namespace: demo\nspec:\n  clusterIP: 10.96.0.30\n  selector: {app: db}\n  ports:\n  - name: tcp-db\n    port: 5432\n    targetPort: 5432\n";
 
+/// A TCPRoute sending `db`'s connections to `db-v2` only.
+const DB_TCP_ROUTE: &str = "apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata:\n  name: db\n  namespace: demo\nspec:\n  parentRefs:\n  - {group: \"\", kind: Service, name: db, port: 5432}\n  rules:\n  - backendRefs:\n    - {name: db-v2, port: 5432}\n";
+
+/// Subsets of `server` by version, and a VirtualService choosing one by header.
+const SUBSETS: &str = "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata:\n  name: server\n  namespace: demo\nspec:\n  host: server\n  trafficPolicy:\n    connectionPool:\n      http: {http1MaxPendingRequests: 100}\n    outlierDetection: {consecutive5xxErrors: 5, interval: 10s}\n  subsets:\n  - name: v1\n    labels: {version: v1}\n  - name: v2\n    labels: {version: v2}\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: server\n  namespace: demo\nspec:\n  hosts: [server]\n  http:\n  - match:\n    - headers:\n        x-version: {exact: v2}\n    route:\n    - destination: {host: server, subset: v2}\n  - route:\n    - destination: {host: server, subset: v1}\n";
+
 #[test]
-fn waypoint_carries_tcp_ports_byte_exact() {
-    if !have_root("waypoint_carries_tcp_ports_byte_exact") {
+fn waypoint_carries_tcp_byte_exact_follows_tcp_routes_and_subsets() {
+    if !have_root("waypoint_carries_tcp_byte_exact_follows_tcp_routes_and_subsets") {
         return;
     }
+    let db_v2 = "apiVersion: v1\nkind: Service\nmetadata:\n  name: db-v2\n  namespace: demo\nspec:\n  clusterIP: 10.96.0.31\n  selector: {app: db-v2}\n  ports:\n  - name: tcp-db\n    port: 5432\n    targetPort: 5432\n";
     let mut c = MeshCluster::start("wpc", &["node1", "node2"], Redirection::Nftables, |d| {
         setup(d);
-        d.write("svc-db.yaml", TCP_SERVICE);
+        d.write("svc-db.yaml", &format!("{TCP_SERVICE}---\n{db_v2}"));
     });
     let db = c
-        .add_pod(PodSpec::new("demo", "db", "node2", "db"))
+        .add_pod(PodSpec::new("demo", "db", "node2", "db").label("app", "db"))
         .expect("db pod");
-    let _echo = db
+    let echo = db
         .netns
         .echo_server(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 5432)))
         .expect("echo");
+    let db2 = c
+        .add_pod(PodSpec::new("demo", "db-v2", "node2", "db").label("app", "db-v2"))
+        .expect("db-v2 pod");
+    let echo2 = db2
+        .netns
+        .echo_server(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 5432)))
+        .expect("echo v2");
     let app = deploy(&mut c);
     app.waypoint().wait_ready(Duration::from_secs(30));
     let target = SocketAddr::from(([10, 96, 0, 30], 5432));
     let payload: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
-    let ok = eventually(|| {
+    let echoed = || {
         mesh_e2e::probe::echo_bytes(&app.client.netns, target, &payload).as_deref()
             == Some(payload.as_slice())
-    });
+    };
     assert!(
-        ok,
+        eventually(echoed),
         "1 MiB echoed through the waypoint\n{}",
         app.waypoint().log()
     );
@@ -577,6 +591,41 @@ fn waypoint_carries_tcp_ports_byte_exact() {
             .admin("/stats?filter=tcp")
             .contains("inbound-vip|5432|tcp|db.demo.svc.cluster.local"),
         "the TCP chain carried it"
+    );
+    assert!(echo2.peers().is_empty(), "db-v2 is not a backend of db yet");
+
+    // A TCPRoute on db's port: its connections go to db-v2, still byte-exact.
+    c.objects().write("tcproute.yaml", DB_TCP_ROUTE);
+    let moved = eventually(|| {
+        let before = echo.peers().len();
+        echoed() && !echo2.peers().is_empty() && echo.peers().len() == before
+    });
+    assert!(
+        moved,
+        "db's connections reach db-v2\n{}",
+        app.waypoint().log()
+    );
+
+    // DestinationRule subsets picked by a VirtualService header match.
+    let (v1, v2, other) = tally(&app.client.netns, 20, &[]);
+    assert!(
+        v1 > 0 && v2 > 0 && other == 0,
+        "both versions before: {v1}/{v2}/{other}"
+    );
+    c.objects().write("subsets.yaml", SUBSETS);
+    let routed = eventually(|| {
+        tally(&app.client.netns, 10, &[]) == (10, 0, 0)
+            && tally(&app.client.netns, 10, &[("x-version", "v2")]) == (0, 10, 0)
+    });
+    assert!(
+        routed,
+        "subset v1 by default, v2 by header\n{}",
+        app.waypoint().log()
+    );
+    let clusters = app.waypoint().admin("/clusters");
+    assert!(
+        clusters.contains("inbound-vip|80|http/v2|server.demo.svc.cluster.local"),
+        "the subset clusters are Envoy's"
     );
 }
 
