@@ -38,6 +38,26 @@ struct Args {
 
 const BODY: usize = 1024;
 
+/// A minimal Envoy reverse proxy (HTTP/1.1 in, HTTP/1.1 out, no TLS, no internal listeners,
+/// no telemetry) from `127.0.0.1:10000` to `upstream`: the floor of Envoy's per-request cost on
+/// this machine, next to which the waypoint's figures are read.
+fn plain_envoy_bootstrap(upstream: SocketAddr) -> String {
+    format!(
+        r#"{{"admin": {{"address": {{"socket_address": {{"address": "127.0.0.1", "port_value": 10001}}}}}},
+ "static_resources": {{
+  "listeners": [{{"name": "plain", "address": {{"socket_address": {{"address": "127.0.0.1", "port_value": 10000}}}},
+   "filter_chains": [{{"filters": [{{"name": "envoy.filters.network.http_connection_manager",
+    "typed_config": {{"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+     "stat_prefix": "plain",
+     "route_config": {{"virtual_hosts": [{{"name": "all", "domains": ["*"], "routes": [{{"match": {{"prefix": "/"}}, "route": {{"cluster": "app"}}}}]}}]}},
+     "http_filters": [{{"name": "envoy.filters.http.router", "typed_config": {{"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}}}]}}}}]}}]}}],
+  "clusters": [{{"name": "app", "type": "STATIC", "connect_timeout": "1s",
+   "load_assignment": {{"cluster_name": "app", "endpoints": [{{"lb_endpoints": [{{"endpoint": {{"address": {{"socket_address": {{"address": "{ip}", "port_value": {port}}}}}}}}}]}}]}}}}]}}}}"#,
+        ip = upstream.ip(),
+        port = upstream.port()
+    )
+}
+
 fn svc(ns: &str, name: &str, vip: &str, selector: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  clusterIP: {vip}\n  selector: {{app: {selector}}}\n  ports:\n  - name: http\n    port: 80\n    targetPort: http\n"
@@ -265,6 +285,29 @@ fn main() -> anyhow::Result<()> {
     let envoy = *children(agent)
         .first()
         .ok_or_else(|| anyhow::anyhow!("no Envoy under pilot-agent {agent}"))?;
+    // The baseline Envoy, in the plain client's namespace, in front of the plain server.
+    let envoy_bin =
+        mesh_testutil::envoy_path().ok_or_else(|| anyhow::anyhow!("no Envoy (set ENVOY_PATH)"))?;
+    let baseline_dir = tempfile::tempdir()?;
+    let baseline_cfg = baseline_dir.path().join("plain-envoy.json");
+    std::fs::write(
+        &baseline_cfg,
+        plain_envoy_bootstrap(plain_server.addr(8080)),
+    )?;
+    let mut baseline_cmd = std::process::Command::new(&envoy_bin);
+    baseline_cmd
+        .arg("-c")
+        .arg(&baseline_cfg)
+        .arg("--concurrency")
+        .arg(args.envoy_concurrency.to_string())
+        .arg("--log-level")
+        .arg("warn")
+        .arg("--base-id")
+        .arg("77")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let baseline = plain_client.netns.spawn(&mut baseline_cmd)?;
+    let baseline_pid = baseline.id();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -281,6 +324,11 @@ fn main() -> anyhow::Result<()> {
             &wp_client.netns,
             SocketAddr::from(([10, 96, 0, 10], 80)),
         ),
+        (
+            "plain Envoy proxy (baseline)",
+            &plain_client.netns,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 10000)),
+        ),
     ];
     // Warm up every path (certificates, pooled HBONE connections).
     for (name, netns, addr) in &targets {
@@ -293,11 +341,15 @@ fn main() -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     let mut wp_cpu = (0.0, 0.0);
+    let mut baseline_cpu = 0.0;
     let idle_mem = (memory_kib(envoy), memory_kib(agent));
     for (name, netns, addr) in &targets {
         let rps = rt.block_on(saturate(netns, *addr, args.connections, dur))?;
-        let (e0, a0) = (cpu_ticks(envoy), cpu_ticks(agent));
+        let (e0, a0, b0) = (cpu_ticks(envoy), cpu_ticks(agent), cpu_ticks(baseline_pid));
         let lat = rt.block_on(paced(netns, *addr, args.rate, dur))?;
+        if name.starts_with("plain Envoy") {
+            baseline_cpu = (cpu_ticks(baseline_pid) - b0) as f64 / (dur.as_secs_f64() * 100.0);
+        }
         if *name == "waypoint" {
             let secs = dur.as_secs_f64() * 100.0;
             wp_cpu = (
@@ -373,6 +425,10 @@ fn main() -> anyhow::Result<()> {
         wp_cpu.0,
         wp_cpu.1,
         wp_cpu.0 + wp_cpu.1
+    );
+    println!(
+        "plain Envoy proxy (HTTP/1.1 -> HTTP/1.1, no TLS, no internal listeners, no telemetry) at {} rps: {:.3} vCPU",
+        args.rate, baseline_cpu
     );
     let mib = |k: u64| k as f64 / 1024.0;
     println!(
