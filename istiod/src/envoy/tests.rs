@@ -148,6 +148,22 @@ fn only_tcp_layer_errors(res: &ProxyResources) {
     }
 }
 
+/// One filter chain of `main_internal`.
+pub(super) fn main_chain(
+    res: &ProxyResources,
+    name: &str,
+) -> mesh_proto::envoy::pb::envoy::config::listener::v3::FilterChain {
+    let listeners: Vec<Listener> = decode(res, type_url::LISTENER);
+    let main = listeners
+        .into_iter()
+        .find(|l| l.name == "main_internal")
+        .expect("main_internal");
+    main.filter_chains
+        .into_iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no chain {name}"))
+}
+
 /// The HTTP filter names of one `main_internal` chain.
 pub(super) fn http_filter_names(res: &ProxyResources, chain: &str) -> Vec<String> {
     chain_hcm(res, chain)
@@ -170,16 +186,7 @@ fn policies_become_deny_then_allow_rbac_filters() {
         ]
     );
     // The TCP port gets network RBAC in front of its TCP proxy.
-    let listeners: Vec<Listener> = decode(&res, type_url::LISTENER);
-    let main = listeners
-        .iter()
-        .find(|l| l.name == "main_internal")
-        .expect("main_internal");
-    let tcp = main
-        .filter_chains
-        .iter()
-        .find(|c| c.name == "inbound-vip|9000|tcp|echo.shop.svc.cluster.local")
-        .expect("tcp chain");
+    let tcp = main_chain(&res, "inbound-vip|9000|tcp|echo.shop.svc.cluster.local");
     let names: Vec<&str> = tcp.filters.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(
         names,

@@ -5,10 +5,9 @@ use std::sync::Arc;
 
 use mesh_proto::envoy::pb::envoy::config::cluster::v3::Cluster;
 use mesh_proto::envoy::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use mesh_proto::envoy::pb::envoy::config::listener::v3::Listener;
 use mesh_proto::type_url;
 
-use super::tests::{decode, envoy_or_skip, envoy_validates, inputs, route_config};
+use super::tests::{decode, envoy_or_skip, envoy_validates, inputs, main_chain, route_config};
 use super::*;
 
 const ECHO_RULE: &str = r#"
@@ -256,16 +255,7 @@ spec:
         .expect("tcp route"),
     )];
     let res = generate_waypoint(&inp, 1);
-    let listeners: Vec<Listener> = decode(&res, type_url::LISTENER);
-    let main = listeners
-        .iter()
-        .find(|l| l.name == "main_internal")
-        .expect("main_internal");
-    let chain = main
-        .filter_chains
-        .iter()
-        .find(|c| c.name == "inbound-vip|9000|tcp|echo.shop.svc.cluster.local")
-        .expect("tcp chain");
+    let chain = main_chain(&res, "inbound-vip|9000|tcp|echo.shop.svc.cluster.local");
     let last = chain.filters.last().expect("tcp_proxy");
     let Some(ConfigType::TypedConfig(any)) = &last.config_type else {
         panic!("typed config");
