@@ -8,6 +8,7 @@ mod fake_ads;
 mod fake_ca;
 mod fake_zds;
 mod http_app;
+pub mod kube_api;
 mod memory_snapshot;
 pub mod netns;
 mod objects;

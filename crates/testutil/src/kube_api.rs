@@ -1,0 +1,271 @@
+//! An in-process fake Kubernetes API server on loopback, speaking the real wire protocol
+//! (JSON over HTTP/1.1) so `kube` clients and watchers run against it unchanged.
+//!
+//! What it does as the real server does, because the mesh's Kubernetes code relies on it:
+//! - one resource version counter for every object; lists carry it, objects carry theirs;
+//! - `watch=true` from a resource version replays what happened since, then streams changes;
+//!   `allowWatchBookmarks=true` adds BOOKMARK events; `timeoutSeconds` ends the stream;
+//!   a resource version older than the last [`FakeApiServer::compact`] gets an ERROR event
+//!   with a 410 `Status` (HTTP 200), which makes clients re-list;
+//! - `limit` / `continue` pagination over one consistent snapshot;
+//! - label selectors (`=`, `!=`, `in`, `notin`, exists, `!`) and field selectors
+//!   (`metadata.name`, `metadata.namespace`, and Pods' `spec.nodeName`, `status.phase`, ...;
+//!   others are refused with 400); with a selector, a change that makes an object match or stop
+//!   matching is sent as ADDED or DELETED;
+//! - POST (409 AlreadyExists), PUT (409 Conflict on a stale `resourceVersion`), DELETE, PATCH
+//!   (merge, JSON patch, apply with a required `fieldManager`; apply creates), and the
+//!   `/status` subresource, which alone writes status for types that have one;
+//! - `Status` bodies with `reason` and `code` on every error;
+//! - TokenReview (`authentication.k8s.io/v1`) against registered tokens, with audiences and
+//!   the bound pod checked.
+//!
+//! Known differences: apply patches are merged as JSON merge patches (no managed fields,
+//! no conflicts between field managers), strategic merge patches likewise, and no admission.
+
+mod http;
+mod select;
+mod store;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+pub use store::{ApiStatus, WatchEvent};
+
+/// One served resource type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResourceType {
+    /// `""` for the core group.
+    pub group: String,
+    pub version: String,
+    pub plural: String,
+    pub kind: String,
+    pub namespaced: bool,
+    /// Whether it has a `/status` subresource.
+    pub status: bool,
+}
+
+impl ResourceType {
+    pub fn new(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool) -> Self {
+        ResourceType {
+            group: group.into(),
+            version: version.into(),
+            plural: plural.into(),
+            kind: kind.into(),
+            namespaced,
+            status: false,
+        }
+    }
+
+    /// With a `/status` subresource.
+    pub fn with_status(mut self) -> Self {
+        self.status = true;
+        self
+    }
+
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    fn key(&self) -> String {
+        store::resource_key(&self.group, &self.version, &self.plural)
+    }
+
+    /// `pods` or `httproutes.gateway.networking.k8s.io`, as error messages name it.
+    fn plural_qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+}
+
+/// The core and apps types the mesh reads and writes.
+pub fn core_types() -> Vec<ResourceType> {
+    vec![
+        ResourceType::new("", "v1", "namespaces", "Namespace", false).with_status(),
+        ResourceType::new("", "v1", "pods", "Pod", true).with_status(),
+        ResourceType::new("", "v1", "services", "Service", true).with_status(),
+        ResourceType::new("", "v1", "serviceaccounts", "ServiceAccount", true),
+        ResourceType::new("", "v1", "configmaps", "ConfigMap", true),
+        ResourceType::new("", "v1", "nodes", "Node", false).with_status(),
+        ResourceType::new(
+            "discovery.k8s.io",
+            "v1",
+            "endpointslices",
+            "EndpointSlice",
+            true,
+        ),
+        ResourceType::new("apps", "v1", "deployments", "Deployment", true).with_status(),
+        ResourceType::new("coordination.k8s.io", "v1", "leases", "Lease", true),
+    ]
+}
+
+/// A registered service-account token and what a TokenReview says of it.
+#[derive(Debug, Clone)]
+pub struct FakeToken {
+    pub namespace: String,
+    pub service_account: String,
+    pub audiences: Vec<String>,
+    /// The pod the token is bound to (name, uid): reviews fail once it is gone.
+    pub pod: Option<(String, String)>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: Mutex<store::Store>,
+    events: broadcast::Sender<WatchEvent>,
+    tokens: Mutex<std::collections::HashMap<String, FakeToken>>,
+    bookmark_every: Mutex<Duration>,
+    /// `METHOD path?query` of every request, for tests that check what a client asked.
+    requests: Mutex<Vec<String>>,
+}
+
+/// The running fake API server. Stops when dropped.
+#[derive(Debug)]
+pub struct FakeApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl FakeApiServer {
+    /// Serves `types` on `127.0.0.1:<ephemeral>`; needs a Tokio runtime.
+    pub async fn start(types: Vec<ResourceType>) -> std::io::Result<FakeApiServer> {
+        let (events, _) = broadcast::channel(4096);
+        let mut store = store::Store::default();
+        for t in types {
+            store.types.insert(t.key(), t);
+        }
+        let shared = Arc::new(Shared {
+            store: Mutex::new(store),
+            events,
+            tokens: Mutex::default(),
+            bookmark_every: Mutex::new(Duration::from_secs(1)),
+            requests: Mutex::default(),
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let app = http::router(shared.clone());
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::warn!(error = %e, "fake API server stopped");
+            }
+        });
+        Ok(FakeApiServer { addr, shared, task })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kubeconfig pointing at this server (no credentials).
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\n",
+            self.url()
+        )
+    }
+
+    /// Serves one more type from now on (a CRD being installed).
+    pub fn add_type(&self, t: ResourceType) {
+        lock(&self.shared.store).types.insert(t.key(), t);
+    }
+
+    /// Writes `obj` verbatim (status included) as controllers would; its type is found by
+    /// `apiVersion` and `kind`.
+    pub fn seed(&self, obj: Value) -> Result<(), ApiStatus> {
+        let mut store = lock(&self.shared.store);
+        let key = type_of(&store, &obj)?;
+        let ev = store.seed(&key, obj)?;
+        drop(store);
+        let _ = self.shared.events.send(ev);
+        Ok(())
+    }
+
+    /// Deletes an object (by `apiVersion`, `kind`, namespace and name of `obj`).
+    pub fn remove(&self, obj: &Value) -> Result<(), ApiStatus> {
+        let mut store = lock(&self.shared.store);
+        let key = type_of(&store, obj)?;
+        let ns = obj["metadata"]["namespace"].as_str().unwrap_or_default();
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        let (_, ev) = store.delete(&key, ns, name)?;
+        drop(store);
+        let _ = self.shared.events.send(ev);
+        Ok(())
+    }
+
+    /// The stored object, if any.
+    pub fn get(&self, api_version: &str, kind: &str, ns: &str, name: &str) -> Option<Value> {
+        let store = lock(&self.shared.store);
+        let probe = serde_json::json!({"apiVersion": api_version, "kind": kind});
+        let key = type_of(&store, &probe).ok()?;
+        store.get(&key, ns, name).ok()
+    }
+
+    /// The history is compacted: watches from any resource version up to now get 410.
+    pub fn compact(&self) {
+        lock(&self.shared.store).compact();
+    }
+
+    /// Ends every open watch stream (as an API server restart does); clients re-watch.
+    pub fn drop_watches(&self) {
+        // A sentinel event no watch matches, with a marker the streams end on.
+        let _ = self.shared.events.send(WatchEvent {
+            rv: 0,
+            previous: None,
+            resource: http::DROP_WATCHES.into(),
+            namespace: String::new(),
+            kind: "ERROR",
+            object: Value::Null,
+        });
+    }
+
+    /// The current resource version.
+    pub fn resource_version(&self) -> u64 {
+        lock(&self.shared.store).rv
+    }
+
+    pub fn set_bookmark_interval(&self, every: Duration) {
+        *lock(&self.shared.bookmark_every) = every;
+    }
+
+    pub fn add_token(&self, token: &str, t: FakeToken) {
+        lock(&self.shared.tokens).insert(token.to_string(), t);
+    }
+
+    /// `METHOD path?query` of every request so far.
+    pub fn requests(&self) -> Vec<String> {
+        lock(&self.shared.requests).clone()
+    }
+}
+
+fn type_of(store: &store::Store, obj: &Value) -> Result<String, ApiStatus> {
+    let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    store
+        .types
+        .iter()
+        .find(|(_, t)| t.api_version() == api_version && t.kind == kind)
+        .map(|(k, _)| k.clone())
+        .ok_or_else(|| ApiStatus::new(404, "NotFound", format!("no type {api_version} {kind}")))
+}
