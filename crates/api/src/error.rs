@@ -7,7 +7,10 @@ pub enum ApiError {
     #[error("document has no {field}: every Kubernetes object needs apiVersion and kind")]
     MissingTypeField { field: &'static str },
     /// A kind/apiVersion pair that the mesh does not read.
-    #[error("unsupported object {api_version}/{kind}: the mesh reads Namespace, Pod, Service, ServiceEntry, WorkloadEntry, AuthorizationPolicy and PeerAuthentication")]
+    #[error(
+        "unsupported object {api_version}/{kind}: the mesh reads {}",
+        crate::Kind::names()
+    )]
     UnsupportedKind { api_version: String, kind: String },
     /// The object has no `metadata.name`.
     #[error("{kind} has no metadata.name")]

@@ -52,6 +52,15 @@ impl Kind {
         Kind::TcpRoute,
     ];
 
+    /// Every kind with its `apiVersion`, for messages (`v1 Namespace, v1 Pod, ...`).
+    pub fn names() -> String {
+        Kind::ALL
+            .iter()
+            .map(|k| format!("{} {}", k.api_version(), k.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The Kubernetes `kind` string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -311,7 +320,7 @@ impl Object {
         Some(merged)
     }
 
-    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+    pub fn metadata_mut(&mut self) -> &mut ObjectMeta {
         match self {
             Object::Namespace(o) => &mut o.metadata,
             Object::Pod(o) => &mut o.metadata,

@@ -1,8 +1,8 @@
 //! Cluster state for istiod (and the CNI node agent) behind one trait, [`ClusterSource`].
 //!
 //! A source emits [`SourceEvent`]s: every object once (`Applied`), then `Synced`, then changes.
-//! [`DirectorySource`] reads a directory of Kubernetes YAML/JSON and watches it; a Kubernetes API
-//! source will implement the same trait. Bad input never drops valid state: a malformed file
+//! [`DirectorySource`] reads a directory of Kubernetes YAML/JSON and watches it; [`KubeSource`]
+//! watches the Kubernetes API (one `kube` runtime watcher per kind). Bad input never drops valid state: a malformed file
 //! keeps what was loaded from it, an invalid document keeps its earlier version, and a key
 //! defined twice keeps the first definition. Each problem is reported as
 //! [`SourceEvent::Invalid`] with the file, line and object it is about.
@@ -28,6 +28,7 @@
 
 mod directory;
 mod error;
+mod kube_source;
 mod parse;
 mod scan;
 mod store;
@@ -43,6 +44,7 @@ use mesh_api::{Object, ObjectKey};
 
 pub use directory::{DirectoryOptions, DirectorySource};
 pub use error::{Problem, SourceError};
+pub use kube_source::{plural, KubeOptions, KubeSource};
 pub use scan::STATUS_DIR;
 pub use writer::{DirectoryWriter, ObjectWriter, WriteError};
 

@@ -46,6 +46,8 @@ pub struct ResourceType {
     pub namespaced: bool,
     /// Whether it has a `/status` subresource.
     pub status: bool,
+    /// Served by a CRD: list items keep `apiVersion` and `kind` (built-in lists drop them).
+    pub custom: bool,
 }
 
 impl ResourceType {
@@ -57,6 +59,16 @@ impl ResourceType {
             kind: kind.into(),
             namespaced,
             status: false,
+            custom: false,
+        }
+    }
+
+    /// Served by a CRD (with a status subresource, as Istio's and Gateway API's CRDs are).
+    pub fn custom(group: &str, version: &str, plural: &str, kind: &str, namespaced: bool) -> Self {
+        ResourceType {
+            status: true,
+            custom: true,
+            ..ResourceType::new(group, version, plural, kind, namespaced)
         }
     }
 
@@ -109,6 +121,35 @@ pub fn core_types() -> Vec<ResourceType> {
     ]
 }
 
+/// The Istio and Gateway API CRDs the mesh reads, at the versions it asks for.
+pub fn mesh_crd_types() -> Vec<ResourceType> {
+    let istio = |g: &str, p: &str, k: &str| ResourceType::custom(g, "v1", p, k, true);
+    let gw = |v: &str, p: &str, k: &str, ns: bool| {
+        ResourceType::custom("gateway.networking.k8s.io", v, p, k, ns)
+    };
+    vec![
+        istio("networking.istio.io", "serviceentries", "ServiceEntry"),
+        istio("networking.istio.io", "workloadentries", "WorkloadEntry"),
+        istio("networking.istio.io", "virtualservices", "VirtualService"),
+        istio("networking.istio.io", "destinationrules", "DestinationRule"),
+        istio(
+            "security.istio.io",
+            "authorizationpolicies",
+            "AuthorizationPolicy",
+        ),
+        istio(
+            "security.istio.io",
+            "peerauthentications",
+            "PeerAuthentication",
+        ),
+        gw("v1", "gateways", "Gateway", true),
+        gw("v1", "gatewayclasses", "GatewayClass", false),
+        gw("v1", "httproutes", "HTTPRoute", true),
+        gw("v1", "grpcroutes", "GRPCRoute", true),
+        gw("v1alpha2", "tcproutes", "TCPRoute", true),
+    ]
+}
+
 /// A registered service-account token and what a TokenReview says of it.
 #[derive(Debug, Clone)]
 pub struct FakeToken {
@@ -127,6 +168,8 @@ struct Shared {
     bookmark_every: Mutex<Duration>,
     /// `METHOD path?query` of every request, for tests that check what a client asked.
     requests: Mutex<Vec<String>>,
+    /// When false, every request gets 503 (the API server is down).
+    available: std::sync::atomic::AtomicBool,
 }
 
 /// The running fake API server. Stops when dropped.
@@ -161,6 +204,7 @@ impl FakeApiServer {
             tokens: Mutex::default(),
             bookmark_every: Mutex::new(Duration::from_secs(1)),
             requests: Mutex::default(),
+            available: std::sync::atomic::AtomicBool::new(true),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -238,6 +282,17 @@ impl FakeApiServer {
             kind: "ERROR",
             object: Value::Null,
         });
+    }
+
+    /// Takes the server down (every request gets 503 and open watches end) or back up. State
+    /// is kept; [`FakeApiServer::seed`] and [`FakeApiServer::remove`] still work while down.
+    pub fn set_available(&self, up: bool) {
+        self.shared
+            .available
+            .store(up, std::sync::atomic::Ordering::SeqCst);
+        if !up {
+            self.drop_watches();
+        }
     }
 
     /// The current resource version.

@@ -127,6 +127,13 @@ async fn handle(
         "{method} {}",
         uri.path_and_query().map(|p| p.as_str()).unwrap_or("")
     ));
+    if !shared.available.load(std::sync::atomic::Ordering::SeqCst) {
+        return error(&ApiStatus::new(
+            503,
+            "ServiceUnavailable",
+            "the API server is shutting down",
+        ));
+    }
     let path = uri.path();
     if path == "/apis/authentication.k8s.io/v1/tokenreviews" && method == Method::POST {
         return token_review(shared, &body);

@@ -449,7 +449,16 @@ pub fn apply_patch(current: &Value, content_type: &str, body: &[u8]) -> Result<V
 }
 
 /// `Map` helper for list bodies.
-pub fn list_body(rt: &ResourceType, rv: u64, items: Vec<Value>, cont: Option<String>) -> Value {
+pub fn list_body(rt: &ResourceType, rv: u64, mut items: Vec<Value>, cont: Option<String>) -> Value {
+    if !rt.custom {
+        // Items of built-in lists carry no type meta; the list's kind says it.
+        for item in &mut items {
+            if let Some(o) = item.as_object_mut() {
+                o.remove("apiVersion");
+                o.remove("kind");
+            }
+        }
+    }
     let mut meta = Map::new();
     meta.insert("resourceVersion".into(), json!(rv.to_string()));
     if let Some(c) = cont {
