@@ -12,9 +12,14 @@ use serde::Serialize;
 #[derive(Debug, Clone, Parser, Serialize)]
 #[command(name = "istiod", version, about)]
 pub struct Config {
-    /// Directory of Kubernetes YAML to read and watch (the local, embedded mode).
-    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
-    pub config_dir: PathBuf,
+    /// Directory of Kubernetes YAML to read and watch (the local, embedded mode). Without it,
+    /// istiod reads the Kubernetes API: `--kubeconfig`, else the in-cluster configuration.
+    #[arg(long, env = "ISTIOD_CONFIG_DIR", conflicts_with = "kubeconfig")]
+    pub config_dir: Option<PathBuf>,
+
+    /// A kubeconfig file: read the cluster from the Kubernetes API it names.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
 
     /// Where istiod keeps its own state: the self-signed root CA and the published root cert.
     #[arg(long, env = "ISTIOD_STATE_DIR", default_value = "/var/lib/istiod")]
@@ -137,11 +142,21 @@ impl Config {
     /// Checks every value and reports all problems at once.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
-        if !self.config_dir.is_dir() {
-            problems.push(format!(
+        match (&self.config_dir, &self.kubeconfig) {
+            (Some(dir), _) if !dir.is_dir() => problems.push(format!(
                 "--config-dir / ISTIOD_CONFIG_DIR {} is not a directory",
-                self.config_dir.display()
-            ));
+                dir.display()
+            )),
+            (None, Some(file)) if !file.is_file() => problems.push(format!(
+                "--kubeconfig / KUBECONFIG {} does not exist",
+                file.display()
+            )),
+            (None, None) if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() => {
+                problems.push(
+                    "no cluster to read: give --config-dir (a YAML directory), --kubeconfig, or run in a pod (KUBERNETES_SERVICE_HOST)".into(),
+                )
+            }
+            _ => {}
         }
         if !self.tokens_file.is_file() {
             problems.push(format!(

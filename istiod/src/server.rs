@@ -10,7 +10,9 @@ use mesh_runtime::http::{metrics_router, BoundServer};
 use mesh_runtime::metrics::Metrics;
 use mesh_runtime::readiness::Readiness;
 use mesh_runtime::signal::{self, Shutdown, ShutdownTrigger};
-use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource, SourceEvent};
+use mesh_source::{
+    ClusterSource, DirectoryOptions, DirectorySource, KubeOptions, KubeSource, SourceEvent,
+};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -62,6 +64,8 @@ pub enum ServerError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    #[error("Kubernetes API: {0}")]
+    Kube(String),
 }
 
 impl ServerError {
@@ -74,6 +78,7 @@ impl ServerError {
             ServerError::Http(_) => "http",
             ServerError::Grpc { .. } => "grpc",
             ServerError::StateDir { .. } => "state_dir",
+            ServerError::Kube(_) => "kube",
             ServerError::ServingTls(e) => e.reason(),
         }
     }
@@ -295,6 +300,23 @@ async fn supervise_pipeline(
     Ok(())
 }
 
+/// A client for the API server of `kubeconfig`, or the in-cluster one (service account token,
+/// `KUBERNETES_SERVICE_HOST`).
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, ServerError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| ServerError::Kube(format!("kubeconfig {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .map_err(|e| ServerError::Kube(format!("kubeconfig {}: {e}", path.display())))?
+        }
+        None => kube::Config::incluster()
+            .map_err(|e| ServerError::Kube(format!("in-cluster configuration: {e}")))?,
+    };
+    kube::Client::try_from(config).map_err(|e| ServerError::Kube(format!("API client: {e}")))
+}
+
 /// Source -> (adapter) -> debounce/model -> watch channel of snapshots.
 fn start_pipeline(
     config: &Config,
@@ -308,11 +330,16 @@ fn start_pipeline(
     let push_metrics = metrics.register(PushMetrics::register);
     let errors: SourceErrors = Arc::default();
 
-    let source = Box::new(DirectorySource::new(
-        &config.config_dir,
-        DirectoryOptions::default(),
-    ));
+    let dir = config.config_dir.clone();
+    let kubeconfig = config.kubeconfig.clone();
     tasks.spawn(async move {
+        let source: Box<dyn ClusterSource> = match dir {
+            Some(dir) => Box::new(DirectorySource::new(dir, DirectoryOptions::default())),
+            None => Box::new(KubeSource::new(
+                kube_client(kubeconfig.as_deref()).await?,
+                KubeOptions::default(),
+            )),
+        };
         source.run(src_tx).await;
         Ok(())
     });

@@ -1,0 +1,131 @@
+//! istiod reading the Kubernetes API (the fake API server from mesh-testutil, through a
+//! kubeconfig) serves exactly what it serves from a YAML directory holding the same objects,
+//! and follows the API's changes.
+
+use std::time::Duration;
+
+use clap::Parser;
+use istiod::config::Config;
+use istiod::server::{self, Running};
+use mesh_testutil::kube_api::{core_types, mesh_crd_types, FakeApiServer};
+use mesh_testutil::{namespace_yaml, pod_yaml, service_yaml, ClusterDir, PodSpec};
+use serde_json::Value;
+
+const TOKENS: &str = "tokens:\n- token: node1-token\n  identity: spiffe://cluster.local/ns/istio-system/sa/ztunnel\n  node: node1\n";
+const WAIT: Duration = Duration::from_secs(10);
+
+fn manifests() -> Vec<String> {
+    let pod = |name: &str, ip: &str, node: &str, app: &str| {
+        pod_yaml(&PodSpec {
+            namespace: "demo",
+            name,
+            ip,
+            node,
+            service_account: app,
+            labels: &[("app", app)],
+        })
+    };
+    vec![
+        namespace_yaml("demo", &[("istio.io/dataplane-mode", "ambient")]),
+        service_yaml("demo", "server", "10.96.0.10", "server"),
+        pod("server-1", "10.244.1.10", "node1", "server"),
+        pod("server-2", "10.244.2.10", "node2", "server"),
+        pod("client", "10.244.1.11", "node1", "client"),
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: allow-client\n  namespace: demo\nspec:\n  selector:\n    matchLabels: {app: server}\n  action: ALLOW\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/demo/sa/client\"]\n".to_string(),
+    ]
+}
+
+async fn start(
+    source: &str,
+    state: &tempfile::TempDir,
+    tokens: &tempfile::NamedTempFile,
+) -> Running {
+    let args = [
+        "istiod".to_string(),
+        source.to_string(),
+        format!("--state-dir={}", state.path().display()),
+        format!("--tokens-file={}", tokens.path().display()),
+        "--grpc-addr=127.0.0.1:0".into(),
+        "--secure-grpc-addr=127.0.0.1:0".into(),
+        "--http-addr=127.0.0.1:0".into(),
+        "--monitoring-addr=127.0.0.1:0".into(),
+        "--debounce-after=50ms".into(),
+    ];
+    let config = Config::try_parse_from(args).expect("config");
+    let running = server::start(config).await.expect("istiod starts");
+    let mut snaps = running.snapshots.clone();
+    tokio::time::timeout(
+        WAIT,
+        snaps.wait_for(|s| mesh_xds::XdsSnapshot::version(s.as_ref()) > 0),
+    )
+    .await
+    .expect("synced in time")
+    .expect("snapshots");
+    running
+}
+
+/// Name -> encoded body of every address and authorization resource.
+fn served(r: &Running) -> Vec<(String, Vec<u8>)> {
+    let s = r.snapshots.borrow().clone();
+    s.addresses()
+        .iter()
+        .chain(s.authorizations().iter())
+        .map(|(name, res)| (name.clone(), res.body.value.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_api_source_serves_what_the_directory_source_serves() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tokens = tempfile::NamedTempFile::new().expect("tokens");
+    std::fs::write(tokens.path(), TOKENS).expect("write tokens");
+
+    let dir = ClusterDir::new();
+    for (i, m) in manifests().iter().enumerate() {
+        dir.write(&format!("{i}.yaml"), m);
+    }
+    let state_a = tempfile::tempdir().expect("state");
+    let from_dir = start(
+        &format!("--config-dir={}", dir.path().display()),
+        &state_a,
+        &tokens,
+    )
+    .await;
+
+    let mut types = core_types();
+    types.extend(mesh_crd_types());
+    let api = FakeApiServer::start(types).await.expect("fake API server");
+    for m in manifests() {
+        let v: Value = serde_yaml::from_str(&m).expect("yaml");
+        api.seed(v).expect("seed");
+    }
+    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
+    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let state_b = tempfile::tempdir().expect("state");
+    let from_api = start(
+        &format!("--kubeconfig={}", kubeconfig.path().display()),
+        &state_b,
+        &tokens,
+    )
+    .await;
+
+    let (a, b) = (served(&from_dir), served(&from_api));
+    assert!(!a.is_empty());
+    assert_eq!(
+        a.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        b.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    assert_eq!(a, b, "same resources, byte for byte");
+
+    // A change through the API reaches the snapshot.
+    let mut snaps = from_api.snapshots.clone();
+    api.remove(&serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "server-2", "namespace": "demo"}}))
+        .expect("remove");
+    let gone = tokio::time::timeout(
+        WAIT,
+        snaps.wait_for(|s| !s.addresses().contains_key("Kubernetes//Pod/demo/server-2")),
+    )
+    .await;
+    assert!(gone.is_ok(), "the deleted pod leaves WDS");
+}
