@@ -8,6 +8,7 @@ pub mod ca;
 pub mod config;
 pub mod debug;
 pub mod envoy;
+pub mod kube;
 pub mod metrics;
 pub mod model;
 pub mod push;

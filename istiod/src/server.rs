@@ -181,7 +181,13 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         Arc::new(TokenFileAuthenticator::new(&config.tokens_file)?);
 
     let mut pipeline = JoinSet::new();
-    let (snapshots, source_errors) = start_pipeline(&config, &metrics, &readiness, &mut pipeline);
+    let (snapshots, source_errors) = start_pipeline(
+        &config,
+        &metrics,
+        &readiness,
+        ca.root_cert_pem(),
+        &mut pipeline,
+    );
     tasks.spawn(supervise_pipeline(pipeline, shutdown.clone()));
 
     let xds =
@@ -322,6 +328,7 @@ fn start_pipeline(
     config: &Config,
     metrics: &Metrics,
     readiness: &Readiness,
+    root_cert_pem: &str,
     tasks: &mut JoinSet<Result<(), ServerError>>,
 ) -> (watch::Receiver<Arc<Snapshot>>, SourceErrors) {
     let (src_tx, mut src_rx) = mpsc::channel::<SourceEvent>(1024);
@@ -332,13 +339,21 @@ fn start_pipeline(
 
     let dir = config.config_dir.clone();
     let kubeconfig = config.kubeconfig.clone();
+    let root = root_cert_pem.to_string();
     tasks.spawn(async move {
         let source: Box<dyn ClusterSource> = match dir {
             Some(dir) => Box::new(DirectorySource::new(dir, DirectoryOptions::default())),
-            None => Box::new(KubeSource::new(
-                kube_client(kubeconfig.as_deref()).await?,
-                KubeOptions::default(),
-            )),
+            None => {
+                let client = kube_client(kubeconfig.as_deref()).await?;
+                // The root certificate in every namespace, for as long as istiod runs.
+                let (root_tx, root_rx) = watch::channel(root);
+                let writer = client.clone();
+                tokio::spawn(async move {
+                    let _keep = root_tx;
+                    crate::kube::root_cert::run(writer, root_rx).await;
+                });
+                Box::new(KubeSource::new(client, KubeOptions::default()))
+            }
         };
         source.run(src_tx).await;
         Ok(())

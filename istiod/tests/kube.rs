@@ -129,3 +129,68 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
     .await;
     assert!(gone.is_ok(), "the deleted pod leaves WDS");
 }
+
+/// Polls `f` until it holds (10 s).
+async fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < WAIT {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    f()
+}
+
+#[tokio::test]
+async fn the_root_certificate_is_kept_in_every_namespace() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tokens = tempfile::NamedTempFile::new().expect("tokens");
+    std::fs::write(tokens.path(), TOKENS).expect("write tokens");
+    let api = FakeApiServer::start(core_types())
+        .await
+        .expect("fake API server");
+    for ns in ["kube-system", "kube-public", "demo"] {
+        api.seed(
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .expect("namespace");
+    }
+    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
+    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let state = tempfile::tempdir().expect("state");
+    let _istiod = start(
+        &format!("--kubeconfig={}", kubeconfig.path().display()),
+        &state,
+        &tokens,
+    )
+    .await;
+    let root = std::fs::read_to_string(state.path().join("root-cert.pem")).expect("root");
+    let holds_root = |ns: &str| {
+        api.get("v1", "ConfigMap", ns, "istio-ca-root-cert")
+            .is_some_and(|cm| {
+                cm["data"]["root-cert.pem"].as_str() == Some(root.as_str())
+                    && cm["metadata"]["labels"]["istio.io/config"] == "true"
+            })
+    };
+    assert!(eventually(|| holds_root("kube-system") && holds_root("demo")).await);
+    assert!(api
+        .get("v1", "ConfigMap", "kube-public", "istio-ca-root-cert")
+        .is_none());
+    // Deleted or edited: put back. A new namespace: written.
+    api.remove(&serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "istio-ca-root-cert", "namespace": "demo"}}))
+        .expect("remove");
+    api.seed(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "istio-ca-root-cert", "namespace": "kube-system"},
+        "data": {"root-cert.pem": "stale"}}))
+        .expect("edit");
+    api.seed(
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "late"}}),
+    )
+    .expect("namespace");
+    assert!(
+        eventually(|| holds_root("demo") && holds_root("kube-system") && holds_root("late")).await,
+        "repaired and created"
+    );
+}
