@@ -6,10 +6,13 @@
 //! - `cni-node` (the agent): decides which pods are enrolled, programs their in-pod
 //!   redirection (`redirect`), hands their netns to ztunnel over ZDS, and reconciles after
 //!   restarts.
+//! - `install` (install-cni): copies the plugin onto the node and chains it into the node's
+//!   primary CNI configuration, and takes it out again.
 
 pub mod agent;
 pub mod config;
 pub mod event;
+pub mod install;
 pub mod plugin;
 pub mod redirect;
 pub mod selection;

@@ -4,6 +4,10 @@
 //! cni-node [run] [--cluster-config-dir DIR]      run the agent (configuration: cni_node::config)
 //! cni-node status [--state-dir DIR] [-o table|json]   the pods the agent knows and their
 //!                                                     ambient.istio.io/redirection status
+//! cni-node install-cni | uninstall-cni [--net-dir DIR] [--bin-dir DIR] [--plugin FILE]
+//!                                      [--conf-name NAME]
+//!     chain istio-cni into the node's primary CNI configuration (cni_node::install), or take
+//!     it out
 //! ```
 //!
 //! The agent watches the cluster YAML directory (`CLUSTER_CONFIG_DIR`), serves the plugin's
@@ -29,12 +33,22 @@ use tracing::{error, info};
 
 const USAGE: &str = "usage:
   cni-node [run] [--cluster-config-dir DIR]
-  cni-node status [--state-dir DIR] [-o table|json]";
+  cni-node status [--state-dir DIR] [-o table|json]
+  cni-node install-cni | uninstall-cni [--net-dir DIR] [--bin-dir DIR] [--plugin FILE] [--conf-name NAME]";
 
 #[derive(Debug)]
 enum Command {
-    Run { cluster_dir: Option<PathBuf> },
-    Status { state_dir: PathBuf, json: bool },
+    Run {
+        cluster_dir: Option<PathBuf>,
+    },
+    Status {
+        state_dir: PathBuf,
+        json: bool,
+    },
+    Install {
+        opts: Box<cni_node::install::InstallOptions>,
+        remove: bool,
+    },
     Help,
 }
 
@@ -47,6 +61,7 @@ fn main() -> ExitCode {
         }
         Ok(Command::Status { state_dir, json }) => status(&state_dir, json),
         Ok(Command::Run { cluster_dir }) => run(cluster_dir),
+        Ok(Command::Install { opts, remove }) => install_cni(&opts, remove),
         Err(message) => {
             eprintln!("cni-node: {message}\n{USAGE}");
             ExitCode::from(2)
@@ -58,8 +73,13 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
     let (command, rest) = match args.first().map(String::as_str) {
         Some("status") => ("status", &args[1..]),
         Some("run") => ("run", &args[1..]),
+        Some("install-cni") => ("install-cni", &args[1..]),
+        Some("uninstall-cni") => ("uninstall-cni", &args[1..]),
         _ => ("run", args),
     };
+    if command.ends_with("install-cni") {
+        return install_args(rest, command == "uninstall-cni");
+    }
     let mut cluster_dir = None;
     let mut state_dir = None;
     let mut json = false;
@@ -95,6 +115,72 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
         },
         _ => Command::Run { cluster_dir },
     })
+}
+
+/// `install-cni` / `uninstall-cni` flags, defaulting as Istio's install-cni container mounts
+/// the host: `/host/etc/cni/net.d`, `/host/opt/cni/bin`, the plugin next to this binary;
+/// `CNI_CONF_NAME` names the primary file.
+fn install_args(rest: &[String], remove: bool) -> Result<Command, String> {
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/opt/cni/bin"));
+    let mut opts = cni_node::install::InstallOptions {
+        net_dir: PathBuf::from("/host/etc/cni/net.d"),
+        bin_dir: PathBuf::from("/host/opt/cni/bin"),
+        plugin_binary: exe_dir.join(cni_node::install::PLUGIN_TYPE),
+        conf_name: std::env::var("CNI_CONF_NAME")
+            .ok()
+            .filter(|v| !v.is_empty()),
+        entry: serde_json::json!({
+            "cniVersion": "0.3.1",
+            "name": "istio-cni",
+            "type": cni_node::install::PLUGIN_TYPE,
+            "plugin_log_level": "info",
+            "cni_agent_run_dir": cni_node::plugin::DEFAULT_AGENT_RUN_DIR,
+            "ambient_enabled": true,
+            "exclude_namespaces": cni_node::plugin::DEFAULT_EXCLUDE_NAMESPACES,
+        }),
+        kubeconfig: None,
+    };
+    let mut it = rest.iter();
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match arg.as_str() {
+            "-h" | "--help" => return Ok(Command::Help),
+            "--net-dir" => opts.net_dir = PathBuf::from(value(arg)?),
+            "--bin-dir" => opts.bin_dir = PathBuf::from(value(arg)?),
+            "--plugin" => opts.plugin_binary = PathBuf::from(value(arg)?),
+            "--conf-name" => opts.conf_name = Some(value(arg)?),
+            other => return Err(format!("unknown argument {other:?} for install-cni")),
+        }
+    }
+    Ok(Command::Install {
+        opts: Box::new(opts),
+        remove,
+    })
+}
+
+fn install_cni(opts: &cni_node::install::InstallOptions, remove: bool) -> ExitCode {
+    let result = if remove {
+        cni_node::install::uninstall(opts).map(|()| "istio-cni removed".to_string())
+    } else {
+        cni_node::install::install(opts).map(|f| format!("istio-cni chained into {}", f.display()))
+    };
+    match result {
+        Ok(msg) => {
+            println!("{msg}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cni-node: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn status(state_dir: &std::path::Path, json: bool) -> ExitCode {
