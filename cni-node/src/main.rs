@@ -69,6 +69,13 @@ fn main() -> ExitCode {
     }
 }
 
+/// The value after flag `name`.
+fn next_value(it: &mut std::slice::Iter<'_, String>, name: &str) -> Result<String, String> {
+    it.next()
+        .cloned()
+        .ok_or_else(|| format!("{name} needs a value"))
+}
+
 fn parse_args(args: &[String]) -> Result<Command, String> {
     let (command, rest) = match args.first().map(String::as_str) {
         Some("status") => ("status", &args[1..]),
@@ -85,11 +92,7 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
     let mut json = false;
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
+        let mut value = |name: &str| next_value(&mut it, name);
         match (command, arg.as_str()) {
             (_, "-h" | "--help") => return Ok(Command::Help),
             ("run", "--cluster-config-dir") => cluster_dir = Some(PathBuf::from(value(arg)?)),
@@ -145,11 +148,7 @@ fn install_args(rest: &[String], remove: bool) -> Result<Command, String> {
     };
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{name} needs a value"))
-        };
+        let mut value = |name: &str| next_value(&mut it, name);
         match arg.as_str() {
             "-h" | "--help" => return Ok(Command::Help),
             "--net-dir" => opts.net_dir = PathBuf::from(value(arg)?),

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use clap::Parser;
-use istiod::config::Config;
-use istiod::server::{self, Running};
+mod common;
+
+use istiod::server::Running;
 use mesh_testutil::kube_api::{core_types, mesh_crd_types, FakeApiServer};
 use mesh_testutil::{namespace_yaml, pod_yaml, service_yaml, ClusterDir, PodSpec};
 use serde_json::Value;
@@ -40,28 +40,7 @@ async fn start(
     state: &tempfile::TempDir,
     tokens: &tempfile::NamedTempFile,
 ) -> Running {
-    let args = [
-        "istiod".to_string(),
-        source.to_string(),
-        format!("--state-dir={}", state.path().display()),
-        format!("--tokens-file={}", tokens.path().display()),
-        "--grpc-addr=127.0.0.1:0".into(),
-        "--secure-grpc-addr=127.0.0.1:0".into(),
-        "--http-addr=127.0.0.1:0".into(),
-        "--monitoring-addr=127.0.0.1:0".into(),
-        "--debounce-after=50ms".into(),
-    ];
-    let config = Config::try_parse_from(args).expect("config");
-    let running = server::start(config).await.expect("istiod starts");
-    let mut snaps = running.snapshots.clone();
-    tokio::time::timeout(
-        WAIT,
-        snaps.wait_for(|s| mesh_xds::XdsSnapshot::version(s.as_ref()) > 0),
-    )
-    .await
-    .expect("synced in time")
-    .expect("snapshots");
-    running
+    common::start_istiod(source, state.path(), tokens.path()).await
 }
 
 /// Name -> encoded body of every address and authorization resource.

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use std::time::Duration;
 
-use clap::Parser;
-use istiod::config::Config;
-use istiod::server::{self, Running};
+mod common;
+
+use istiod::server::Running;
 use mesh_identity::{generate_csr, Identity};
 use mesh_proto::ca::istio_certificate_service_client::IstioCertificateServiceClient;
 use mesh_proto::ca::IstioCertificateRequest;
@@ -80,29 +80,12 @@ impl Harness {
     }
 
     async fn start(&self) -> Running {
-        let args = [
-            "istiod".to_string(),
-            format!("--config-dir={}", self.cluster.path().display()),
-            format!("--state-dir={}", self.state.path().display()),
-            format!("--tokens-file={}", self.tokens.path().display()),
-            "--grpc-addr=127.0.0.1:0".into(),
-            "--secure-grpc-addr=127.0.0.1:0".into(),
-            "--http-addr=127.0.0.1:0".into(),
-            "--monitoring-addr=127.0.0.1:0".into(),
-            "--debounce-after=50ms".into(),
-        ];
-        let config = Config::try_parse_from(args).expect("config");
-        let running = server::start(config).await.expect("istiod starts");
-        // Until istiod has synced it answers UNAVAILABLE (a ztunnel retries); wait for that point.
-        let mut snaps = running.snapshots.clone();
-        tokio::time::timeout(
-            WAIT,
-            snaps.wait_for(|s| mesh_xds::XdsSnapshot::version(s.as_ref()) > 0),
+        common::start_istiod(
+            &format!("--config-dir={}", self.cluster.path().display()),
+            self.state.path(),
+            self.tokens.path(),
         )
         .await
-        .expect("synced in time")
-        .expect("snapshots");
-        running
     }
 }
 
