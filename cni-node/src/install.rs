@@ -131,10 +131,9 @@ pub fn uninstall(opts: &InstallOptions) -> Result<(), InstallError> {
         .collect();
     files.sort();
     for path in files {
-        let Ok(current) = fs::read(&path)
+        let Some(current) = fs::read(&path)
             .ok()
             .and_then(|t| serde_json::from_slice::<Value>(&t).ok())
-            .ok_or(())
         else {
             continue;
         };

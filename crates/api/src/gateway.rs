@@ -281,6 +281,14 @@ pub struct HttpBackendRef {
     pub weight: Option<u32>,
 }
 
+impl HttpBackendRef {
+    /// Whether this reference names a core Service (the default kind, group `""`).
+    pub fn is_service(&self) -> bool {
+        self.kind.as_deref().is_none_or(|k| k == "Service")
+            && self.group.as_deref().unwrap_or("").is_empty()
+    }
+}
+
 /// `timeouts`: Gateway API durations (`10s`, `500ms`, `1h`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -16,6 +16,15 @@ pub fn encode<M: Message>(message: &M) -> Vec<u8> {
     message.encode_to_vec()
 }
 
+/// `namespace/name` of an object, as problems name it (`default` when the namespace is unset).
+pub fn object_name(meta: &mesh_api::ObjectMeta) -> String {
+    format!(
+        "{}/{}",
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or_default()
+    )
+}
+
 /// A protobuf Duration.
 pub fn duration(d: std::time::Duration) -> PbDuration {
     PbDuration {

@@ -30,7 +30,7 @@ use mesh_proto::envoy::pb::envoy::extensions::upstreams::http::v3::{
 use mesh_proto::envoy::pb::envoy::r#type::metadata::v3::{metadata_kind, MetadataKind};
 use mesh_proto::envoy::pb::google::protobuf::{value::Kind as ValueKind, Struct, Value};
 
-use super::any::{ads_source, duration, pack, u32_value};
+use super::any::{ads_source, duration, object_name, pack, u32_value};
 use super::destination_rule::{self, ClusterPolicy, Reporter};
 use super::inputs::{BoundService, Protocol, ServicePort, WaypointInputs};
 use super::routes::RouteError;
@@ -51,7 +51,7 @@ pub fn waypoint_clusters(inputs: &WaypointInputs, errors: &mut Vec<RouteError>) 
     ];
     for svc in &inputs.services {
         let rule = svc.destination_rule.as_deref();
-        let rule_name = rule.map(object_name).unwrap_or_default();
+        let rule_name = rule.map(|r| object_name(&r.metadata)).unwrap_or_default();
         for port in &svc.ports {
             let mut report = Reporter {
                 rule: rule_name.clone(),
@@ -92,15 +92,6 @@ pub fn service_cluster(svc: &BoundService, port: &ServicePort, subset: Option<&s
         Some(s) => names::vip_subset_cluster(port.port, port.protocol.family(), s, &svc.hostname),
         None => names::vip_cluster(port.port, port.protocol.family(), &svc.hostname),
     }
-}
-
-/// `namespace/name` of an object.
-fn object_name(rule: &mesh_api::DestinationRule) -> String {
-    format!(
-        "{}/{}",
-        rule.metadata.namespace.as_deref().unwrap_or("default"),
-        rule.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 /// A STATIC cluster whose one endpoint is the internal listener `listener`.

@@ -29,7 +29,7 @@ use mesh_proto::envoy::pb::envoy::r#type::matcher::v3::{
 };
 use serde::Serialize;
 
-use super::any::{duration, u32_value};
+use super::any::{duration, object_name, u32_value};
 use super::inputs::{BoundService, Protocol, WaypointInputs};
 use super::names;
 pub use super::tcp_route::TcpClusters;
@@ -158,7 +158,7 @@ impl ServiceRoutes {
                 .collect();
             let virtual_services: Vec<&mesh_api::VirtualService> =
                 svc.virtual_services.iter().map(|v| &**v).collect();
-            let routes = if attached.is_empty() && !virtual_services.is_empty() {
+            let mut routes = if attached.is_empty() && !virtual_services.is_empty() {
                 // HTTPRoutes win; without them the VirtualServices for this host apply.
                 let mut routes =
                     super::virtual_service::routes(inputs, port.port, &virtual_services, errors);
@@ -177,7 +177,6 @@ impl ServiceRoutes {
                 };
                 ctx.routes(&attached)
             };
-            let mut routes = routes;
             super::destination_rule::apply_hash_policies(&mut routes, hashes);
             by_port.insert(
                 port.port,
@@ -284,7 +283,7 @@ impl Ctx<'_> {
         let mut entries = Vec::new();
         for (order, (kind, route)) in attached.iter().enumerate() {
             self.kind = kind;
-            let name = route_name(route);
+            let name = object_name(&route.metadata);
             for (i, rule) in route.spec.rules.iter().enumerate() {
                 let field = format!("spec.rules[{i}]");
                 let action = self.action(&name, &field, rule);
@@ -464,10 +463,9 @@ impl Ctx<'_> {
     fn backend_cluster(&mut self, route: &str, field: &str, b: &HttpBackendRef) -> Option<String> {
         let route_ns = route.split('/').next().unwrap_or_default();
         let ns = b.namespace.as_deref().unwrap_or(route_ns);
-        let kind_ok = b.kind.as_deref().is_none_or(|k| k == "Service")
-            && b.group.as_deref().unwrap_or("").is_empty();
         let port = b.port.unwrap_or(self.port);
-        let found = kind_ok
+        let found = b
+            .is_service()
             .then(|| self.inputs.service(ns, &b.name))
             .flatten()
             .and_then(|s| s.ports.iter().find(|p| p.port == port).map(|p| (s, p)));
@@ -634,15 +632,6 @@ fn redirect_action(r: &mesh_api::HttpRequestRedirect) -> RedirectAction {
         scheme_rewrite_specifier: r.scheme.clone().map(SchemeRewriteSpecifier::SchemeRedirect),
         ..RedirectAction::default()
     }
-}
-
-/// `namespace/name` of a route.
-fn route_name(route: &HttpRoute) -> String {
-    format!(
-        "{}/{}",
-        route.metadata.namespace.as_deref().unwrap_or("default"),
-        route.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 /// A Gateway API duration: one to four `<number><unit>` parts, units `h`, `m`, `s`, `ms`.

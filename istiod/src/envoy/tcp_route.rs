@@ -6,6 +6,7 @@ use mesh_proto::envoy::pb::envoy::extensions::filters::network::tcp_proxy::v3::t
     weighted_cluster::ClusterWeight, ClusterSpecifier, WeightedCluster,
 };
 
+use super::any::object_name;
 use super::inputs::{BoundService, Protocol, WaypointInputs};
 use super::names;
 use super::routes::{parents_name_port, RouteError};
@@ -39,10 +40,7 @@ fn route_clusters(
     errors: &mut Vec<RouteError>,
 ) -> Option<TcpClusters> {
     let ns = route.metadata.namespace.as_deref().unwrap_or("default");
-    let name = format!(
-        "{ns}/{}",
-        route.metadata.name.as_deref().unwrap_or_default()
-    );
+    let name = object_name(&route.metadata);
     let rule = route.spec.rules.first()?;
     let mut clusters = Vec::new();
     for (k, b) in rule.backend_refs.iter().enumerate() {
@@ -81,9 +79,7 @@ fn route_clusters(
 
 /// The TCP cluster of a backendRef: a service bound to this waypoint, on a TCP port it has.
 fn backend(inputs: &WaypointInputs, ns: &str, b: &HttpBackendRef, port: u16) -> Option<String> {
-    let kind_ok = b.kind.as_deref().is_none_or(|k| k == "Service")
-        && b.group.as_deref().unwrap_or("").is_empty();
-    if !kind_ok {
+    if !b.is_service() {
         return None;
     }
     let ns = b.namespace.as_deref().unwrap_or(ns);

@@ -36,7 +36,7 @@ use mesh_proto::envoy::pb::envoy::r#type::v3::{
     fractional_percent::DenominatorType, FractionalPercent,
 };
 
-use super::any::{duration, pack, u32_value};
+use super::any::{duration, object_name, pack, u32_value};
 use super::clusters::service_cluster;
 use super::inputs::WaypointInputs;
 use super::routes::{
@@ -66,15 +66,6 @@ fn resolve_host<'a>(host: &'a str, vs_ns: &'a str) -> (&'a str, &'a str) {
     (parts.next().unwrap_or(vs_ns), name)
 }
 
-/// `ns/name` of a VirtualService.
-fn vs_name(vs: &VirtualService) -> String {
-    format!(
-        "{}/{}",
-        vs.metadata.namespace.as_deref().unwrap_or("default"),
-        vs.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
 struct Conv<'a> {
     inputs: &'a WaypointInputs,
     port: u16,
@@ -95,7 +86,7 @@ pub fn routes(
         let mut c = Conv {
             inputs,
             port,
-            vs: vs_name(vs),
+            vs: object_name(&vs.metadata),
             ns: vs
                 .metadata
                 .namespace

@@ -309,7 +309,8 @@ fn list(shared: &Shared, target: &Target, q: &HashMap<String, String>) -> Respon
     let cont = match limit {
         Some(l) if items.len() > l => {
             let rest = items.split_off(l);
-            let token = format!("{rv}-{}", store.pages.len() + store.rv as usize);
+            store.next_page += 1;
+            let token = format!("{rv}-{}", store.next_page);
             store.pages.insert(token.clone(), (rv, rest));
             Some(token)
         }

@@ -65,6 +65,8 @@ pub struct Store {
     pub compacted: u64,
     /// Continue token -> the rest of a paginated list and its resource version.
     pub pages: HashMap<String, (u64, Vec<Value>)>,
+    /// Numbers continue tokens (unique for the server's life).
+    pub next_page: u64,
     next_uid: u64,
 }
 

@@ -338,11 +338,22 @@ fn grpc_and_tcp_routes_regenerate_the_waypoint_of_their_parent() {
         String::from_utf8_lossy(&main.body.value).contains("/a.B/C"),
         "the GRPCRoute's method path is served"
     );
+    // A TCPRoute whose backend is not a service of the waypoint: the regenerated waypoint
+    // reports it (a route to the port's own service would generate the same configuration).
     m.apply(obj(json!({
         "apiVersion": "gateway.networking.k8s.io/v1alpha2", "kind": "TCPRoute",
         "metadata": {"name": "t", "namespace": "shop"},
         "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo", "port": 9000}],
-                 "rules": [{"backendRefs": [{"name": "echo", "port": 9000}]}]},
+                 "rules": [{"backendRefs": [{"name": "elsewhere", "port": 9000}]}]},
     })));
-    assert!(m.build().waypoint(&key()).changed_in > after);
+    let s = m.build();
+    assert!(s.waypoint(&key()).changed_in > after);
+    assert!(
+        s.waypoint(&key())
+            .errors
+            .iter()
+            .any(|e| e.to_string().starts_with("TCPRoute shop/t")),
+        "{:?}",
+        s.waypoint(&key()).errors
+    );
 }
