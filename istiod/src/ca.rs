@@ -1,9 +1,14 @@
 //! `istio.v1.auth.IstioCertificateService`: issues workload certificates.
 //!
-//! Every request is authenticated ([`Authenticator`]). A node agent (ztunnel, a caller bound to
-//! a node) may ask for another identity through the `ImpersonatedIdentity` metadata, but only
-//! for identities that run on its own node ([`NodeLocator`]); everybody else gets their own
-//! identity. The CSR is then checked and signed by [`CertificateAuthority`].
+//! Every request is authenticated ([`Authenticator`]). A node agent (ztunnel) may ask for
+//! another identity through the `ImpersonatedIdentity` metadata, but only for identities that
+//! run on its own node ([`NodeLocator`]); everybody else gets their own identity. The CSR is
+//! then checked and signed by [`CertificateAuthority`].
+//!
+//! Who is a node agent: in the local mode, a caller whose token-file entry names a node. On
+//! Kubernetes, a caller whose service account is one of `CA_TRUSTED_NODE_ACCOUNTS` and whose
+//! bound token names a pod that exists with the token's uid and service account; its node is
+//! that pod's `spec.nodeName`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +22,8 @@ use mesh_proto::ca::istio_certificate_service_server::{
 use mesh_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use tonic::{Code, Request, Response, Status};
 
-use crate::auth::{AuthError, Authenticator, Caller};
+use crate::auth::{AuthError, Authenticator, BoundPod, Caller};
+use crate::model::PodFacts;
 
 /// Request metadata key through which node agents ask for a workload's identity.
 pub const IMPERSONATED_IDENTITY: &str = "ImpersonatedIdentity";
@@ -27,6 +33,8 @@ pub const CLUSTER_ID_HEADER: &str = "clusterid";
 /// Answers whether a workload identity runs on a node (implemented from the model snapshot).
 pub trait NodeLocator: Send + Sync {
     fn identity_on_node(&self, node: &str, namespace: &str, service_account: &str) -> bool;
+    /// The pod `namespace`/`name`, if it exists (a caller's bound pod is looked up here).
+    fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts>;
 }
 
 /// Why a certificate request was refused.
@@ -40,8 +48,24 @@ pub enum CaServiceError {
     ImpersonationNotString,
     #[error("metadata {IMPERSONATED_IDENTITY} is not a valid identity: {0}")]
     BadImpersonation(#[source] IdentityError),
-    #[error("caller {caller} is not a node agent (its token has no node) and may not impersonate {identity}")]
+    #[error("caller {caller} is not a node agent (not in CA_TRUSTED_NODE_ACCOUNTS, nor a token-file entry with a node) and may not impersonate {identity}")]
     NotNodeAgent { caller: String, identity: String },
+    #[error("caller {caller} may not impersonate {identity}: its token is not bound to a pod, so its node is unknown")]
+    UnboundToken { caller: String, identity: String },
+    #[error("caller {caller} may not impersonate {identity}: its pod {pod} does not exist (or has another uid or service account)")]
+    CallerPodUnknown {
+        caller: String,
+        pod: String,
+        identity: String,
+    },
+    #[error(
+        "caller {caller} may not impersonate {identity}: its pod {pod} is not scheduled to a node"
+    )]
+    CallerPodUnscheduled {
+        caller: String,
+        pod: String,
+        identity: String,
+    },
     #[error("caller {caller} on node {node} may not impersonate {identity}: no such workload runs on node {node}")]
     NotOnNode {
         caller: String,
@@ -69,6 +93,9 @@ impl CaServiceError {
             CaServiceError::ImpersonationNotString => "impersonation_not_string",
             CaServiceError::BadImpersonation(_) => "bad_impersonation",
             CaServiceError::NotNodeAgent { .. } => "impersonation_not_node_agent",
+            CaServiceError::UnboundToken { .. } => "impersonation_unbound_token",
+            CaServiceError::CallerPodUnknown { .. } => "impersonation_caller_pod_unknown",
+            CaServiceError::CallerPodUnscheduled { .. } => "impersonation_caller_pod_unscheduled",
             CaServiceError::NotOnNode { .. } => "impersonation_not_on_node",
             CaServiceError::ForeignTrustDomain { .. } => "impersonation_foreign_trust_domain",
             CaServiceError::Ca(e) => e.reason(),
@@ -85,6 +112,9 @@ impl CaServiceError {
                 Code::InvalidArgument
             }
             CaServiceError::NotNodeAgent { .. }
+            | CaServiceError::UnboundToken { .. }
+            | CaServiceError::CallerPodUnknown { .. }
+            | CaServiceError::CallerPodUnscheduled { .. }
             | CaServiceError::NotOnNode { .. }
             | CaServiceError::ForeignTrustDomain { .. } => Code::PermissionDenied,
             CaServiceError::Ca(e) if e.is_bad_request() => Code::InvalidArgument,
@@ -146,6 +176,8 @@ pub struct CaService {
     authenticator: Arc<dyn Authenticator>,
     locator: Arc<dyn NodeLocator>,
     cluster_id: String,
+    /// `CA_TRUSTED_NODE_ACCOUNTS`: (namespace, service account) of node agents.
+    trusted_node_accounts: Arc<Vec<(String, String)>>,
     stats: Arc<CaStats>,
 }
 
@@ -161,8 +193,16 @@ impl CaService {
             authenticator,
             locator,
             cluster_id: cluster_id.into(),
+            trusted_node_accounts: Arc::default(),
             stats: Arc::default(),
         }
+    }
+
+    /// Service accounts (namespace, name) whose pods may impersonate the workloads on their
+    /// node (Istio's `CA_TRUSTED_NODE_ACCOUNTS`, e.g. `istio-system/ztunnel`).
+    pub fn with_trusted_node_accounts(mut self, accounts: Vec<(String, String)>) -> Self {
+        self.trusted_node_accounts = Arc::new(accounts);
+        self
     }
 
     /// Shared counters of issued and refused requests.
@@ -176,11 +216,11 @@ impl CaService {
     }
 
     /// Authenticates, authorises and signs; the caller (if known) is returned for logging.
-    fn issue(
+    async fn issue(
         &self,
         request: &Request<IstioCertificateRequest>,
     ) -> (Option<Caller>, Result<Issued, CaServiceError>) {
-        let caller = match self.authenticate(request) {
+        let caller = match self.authenticate(request).await {
             Ok(c) => c,
             Err(e) => return (None, Err(e)),
         };
@@ -188,12 +228,12 @@ impl CaService {
         (Some(caller), result)
     }
 
-    fn authenticate(
+    async fn authenticate(
         &self,
         request: &Request<IstioCertificateRequest>,
     ) -> Result<Caller, CaServiceError> {
         let md = request.metadata();
-        let caller = self.authenticator.authenticate(md)?;
+        let caller = self.authenticator.authenticate(md).await?;
         if let Some(got) = md.get(CLUSTER_ID_HEADER) {
             let got = got.to_str().unwrap_or("<non-ASCII>");
             if got != self.cluster_id {
@@ -228,12 +268,8 @@ impl CaService {
         caller: &Caller,
         target: Identity,
     ) -> Result<Identity, CaServiceError> {
-        let Some(node) = caller.node.as_deref() else {
-            return Err(CaServiceError::NotNodeAgent {
-                caller: caller.identity.to_string(),
-                identity: target.to_string(),
-            });
-        };
+        let node = self.caller_node(caller, &target)?;
+        let node = node.as_str();
         if target.trust_domain() != self.ca.trust_domain() {
             return Err(CaServiceError::ForeignTrustDomain {
                 caller: caller.identity.to_string(),
@@ -255,6 +291,68 @@ impl CaService {
         }
         Ok(target)
     }
+
+    /// The node of a node agent; an error for any other caller.
+    fn caller_node(&self, caller: &Caller, target: &Identity) -> Result<String, CaServiceError> {
+        if let Some(node) = &caller.node {
+            return Ok(node.clone());
+        }
+        let (ns, sa) = (
+            caller.identity.namespace(),
+            caller.identity.service_account(),
+        );
+        let caller_id = || caller.identity.to_string();
+        if !self
+            .trusted_node_accounts
+            .iter()
+            .any(|(n, s)| n == ns && s == sa)
+        {
+            return Err(CaServiceError::NotNodeAgent {
+                caller: caller_id(),
+                identity: target.to_string(),
+            });
+        }
+        let Some(BoundPod { name, uid }) = &caller.pod else {
+            return Err(CaServiceError::UnboundToken {
+                caller: caller_id(),
+                identity: target.to_string(),
+            });
+        };
+        let pod_ref = || format!("{ns}/{name}");
+        let facts = self
+            .locator
+            .pod(ns, name)
+            .filter(|p| &p.uid == uid && p.service_account == sa)
+            .ok_or_else(|| CaServiceError::CallerPodUnknown {
+                caller: caller_id(),
+                pod: pod_ref(),
+                identity: target.to_string(),
+            })?;
+        facts
+            .node
+            .ok_or_else(|| CaServiceError::CallerPodUnscheduled {
+                caller: caller_id(),
+                pod: pod_ref(),
+                identity: target.to_string(),
+            })
+    }
+}
+
+/// Parses `CA_TRUSTED_NODE_ACCOUNTS` entries (`<namespace>/<service account>`).
+pub fn parse_node_accounts(entries: &[String]) -> Result<Vec<(String, String)>, String> {
+    entries
+        .iter()
+        .map(|e| e.trim())
+        .filter(|e| !e.is_empty())
+        .map(|e| match e.split_once('/') {
+            Some((ns, sa)) if !ns.is_empty() && !sa.is_empty() && !sa.contains('/') => {
+                Ok((ns.to_string(), sa.to_string()))
+            }
+            _ => Err(format!(
+                "CA_TRUSTED_NODE_ACCOUNTS entry {e:?} is not <namespace>/<service account>"
+            )),
+        })
+        .collect()
 }
 
 /// The `ImpersonatedIdentity` metadata, if present.
@@ -282,7 +380,7 @@ impl IstioCertificateService for CaService {
         &self,
         request: Request<IstioCertificateRequest>,
     ) -> Result<Response<IstioCertificateResponse>, Status> {
-        let (caller, result) = self.issue(&request);
+        let (caller, result) = self.issue(&request).await;
         let caller_id = caller.as_ref().map(|c| c.identity.to_string());
         let node = caller.as_ref().and_then(|c| c.node.clone());
         match result {
@@ -297,6 +395,98 @@ impl IstioCertificateService for CaService {
                 tracing::warn!(caller = ?caller_id, ?node, ?remote, reason = e.reason(), error = %e, "refused certificate request");
                 Err(e.into())
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::TokenFileAuthenticator;
+
+    /// One pod, `istio-system/ztunnel-a` (uid `u1`, service account ztunnel), on `node`.
+    struct OnePod(Option<&'static str>);
+
+    impl NodeLocator for OnePod {
+        fn identity_on_node(&self, _: &str, _: &str, _: &str) -> bool {
+            false
+        }
+        fn pod(&self, namespace: &str, name: &str) -> Option<PodFacts> {
+            (namespace == "istio-system" && name == "ztunnel-a").then(|| PodFacts {
+                uid: "u1".into(),
+                service_account: "ztunnel".into(),
+                node: self.0.map(str::to_string),
+            })
+        }
+    }
+
+    fn service(node: Option<&'static str>) -> CaService {
+        let dir = tempfile::tempdir().expect("dir");
+        let ca = CertificateAuthority::self_signed(dir.path(), Default::default()).expect("ca");
+        let tokens = dir.path().join("tokens.yaml");
+        std::fs::write(&tokens, "tokens: []\n").expect("tokens");
+        let auth = TokenFileAuthenticator::new(&tokens).expect("auth");
+        CaService::new(Arc::new(ca), Arc::new(auth), Arc::new(OnePod(node)), "c1")
+            .with_trusted_node_accounts(vec![("istio-system".into(), "ztunnel".into())])
+    }
+
+    fn caller(sa: &str, pod: Option<(&str, &str)>) -> Caller {
+        Caller {
+            identity: Identity::new("cluster.local", "istio-system", sa).expect("id"),
+            node: None,
+            pod: pod.map(|(name, uid)| BoundPod {
+                name: name.into(),
+                uid: uid.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_node_agents_node_is_its_bound_pods() {
+        let target = Identity::new("cluster.local", "default", "app").expect("id");
+        let svc = service(Some("node1"));
+        let node = svc.caller_node(&caller("ztunnel", Some(("ztunnel-a", "u1"))), &target);
+        assert_eq!(node.expect("node"), "node1");
+        let reason = |c: &Caller, svc: &CaService| {
+            svc.caller_node(c, &target).expect_err("refused").reason()
+        };
+        // Another uid (the pod was recreated), another pod, no pod, an untrusted account.
+        let cases = [
+            (
+                caller("ztunnel", Some(("ztunnel-a", "u2"))),
+                "impersonation_caller_pod_unknown",
+            ),
+            (
+                caller("ztunnel", Some(("ztunnel-b", "u1"))),
+                "impersonation_caller_pod_unknown",
+            ),
+            (caller("ztunnel", None), "impersonation_unbound_token"),
+            (
+                caller("other", Some(("ztunnel-a", "u1"))),
+                "impersonation_not_node_agent",
+            ),
+        ];
+        for (c, want) in cases {
+            assert_eq!(reason(&c, &svc), want, "{c:?}");
+        }
+        let unscheduled = service(None);
+        let c = caller("ztunnel", Some(("ztunnel-a", "u1")));
+        assert_eq!(
+            reason(&c, &unscheduled),
+            "impersonation_caller_pod_unscheduled"
+        );
+    }
+
+    #[test]
+    fn node_accounts_parse_as_namespace_slash_name() {
+        let ok = parse_node_accounts(&["istio-system/ztunnel".into(), " ".into()]);
+        assert_eq!(
+            ok.expect("ok"),
+            vec![("istio-system".into(), "ztunnel".into())]
+        );
+        for bad in ["ztunnel", "/ztunnel", "a/b/c", "ns/"] {
+            let err = parse_node_accounts(&[bad.into()]).expect_err(bad);
+            assert!(err.contains(bad), "{err}");
         }
     }
 }

@@ -31,9 +31,24 @@ pub struct Config {
     pub cacerts_dir: Option<PathBuf>,
 
     /// Bearer tokens accepted from proxies in the local mode (YAML: tokens[].{token, identity,
-    /// node, expires}).
+    /// node, expires}); required with --config-dir. On Kubernetes, callers present
+    /// service-account tokens, checked by TokenReview.
     #[arg(long, env = "ISTIOD_TOKENS_FILE")]
-    pub tokens_file: PathBuf,
+    pub tokens_file: Option<PathBuf>,
+
+    /// Audiences a service-account token must carry for the CA and xDS on 15012 (Kubernetes).
+    #[arg(
+        long,
+        env = "TOKEN_AUDIENCES",
+        value_delimiter = ',',
+        default_value = "istio-ca"
+    )]
+    pub token_audiences: Vec<String>,
+
+    /// Service accounts (`<namespace>/<name>`) of node agents that may ask for the
+    /// certificates of workloads on their node (ztunnel: `istio-system/ztunnel`).
+    #[arg(long, env = "CA_TRUSTED_NODE_ACCOUNTS", value_delimiter = ',')]
+    pub ca_trusted_node_accounts: Vec<String>,
 
     /// Plaintext xDS.
     #[arg(long, env = "ISTIOD_GRPC_ADDR", default_value = "0.0.0.0:15010")]
@@ -158,11 +173,21 @@ impl Config {
             }
             _ => {}
         }
-        if !self.tokens_file.is_file() {
-            problems.push(format!(
+        match &self.tokens_file {
+            Some(file) if !file.is_file() => problems.push(format!(
                 "--tokens-file / ISTIOD_TOKENS_FILE {} does not exist",
-                self.tokens_file.display()
-            ));
+                file.display()
+            )),
+            None if self.config_dir.is_some() => problems.push(
+                "--tokens-file / ISTIOD_TOKENS_FILE is required with --config-dir (the local mode has no TokenReview)".into(),
+            ),
+            _ => {}
+        }
+        if self.token_audiences.iter().all(|a| a.trim().is_empty()) {
+            problems.push("TOKEN_AUDIENCES must name at least one audience".to_string());
+        }
+        if let Err(e) = crate::ca::parse_node_accounts(&self.ca_trusted_node_accounts) {
+            problems.push(e);
         }
         if self.debounce_after.is_zero() || self.debounce_after > self.debounce_max {
             problems.push(format!(

@@ -34,6 +34,7 @@ pub use build::Model;
 pub use peer_auth::{static_strict_policy, STATIC_STRICT_POLICY_NAME};
 pub use service::{service_entry_to_services, service_to_service};
 pub use snapshot::{Snapshot, CHANGE_LOG_LEN};
+pub use state::PodFacts;
 pub use workload::{pod_to_workload, pod_uid, workload_entry_uid, WorkloadInputs};
 
 /// Static settings of the model (Istio's mesh config and cluster identity).

@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
-use crate::auth::{Authenticator, TokenFileAuthenticator};
+use crate::auth::{Authenticator, RequireAuth, TokenFileAuthenticator, TokenReviewAuthenticator};
 use crate::ca::{CaService, NodeLocator};
 use crate::config::Config;
 use crate::debug::{self, DebugViews};
@@ -141,6 +141,10 @@ impl NodeLocator for SnapshotLocator {
             .borrow()
             .identity_on_node(node, namespace, service_account)
     }
+
+    fn pod(&self, namespace: &str, name: &str) -> Option<crate::model::PodFacts> {
+        self.0.borrow().pod(namespace, name).cloned()
+    }
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
@@ -177,12 +181,34 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     )?);
     ca.write_root_cert(&config.state_dir.join(ROOT_CERT_FILE))?;
     tracing::info!(source = ?ca.source(), root = %config.state_dir.join(ROOT_CERT_FILE).display(), "certificate authority ready");
-    let authenticator: Arc<dyn Authenticator> =
-        Arc::new(TokenFileAuthenticator::new(&config.tokens_file)?);
+    // On Kubernetes, one API client for the source, the CA's token reviews and the writers.
+    let kube = match &config.config_dir {
+        Some(_) => None,
+        None => Some(kube_client(config.kubeconfig.as_deref()).await?),
+    };
+    let authenticator: Arc<dyn Authenticator> = match (&config.tokens_file, &kube) {
+        (Some(file), _) => Arc::new(TokenFileAuthenticator::new(file)?),
+        (None, Some(client)) => Arc::new(TokenReviewAuthenticator::new(
+            client.clone(),
+            config
+                .token_audiences
+                .iter()
+                .map(|a| a.trim().to_string())
+                .filter(|a| !a.is_empty())
+                .collect(),
+            &config.trust_domain,
+        )),
+        (None, None) => {
+            return Err(ServerError::Config(crate::config::ConfigError::Invalid(
+                "no way to authenticate callers: give --tokens-file".into(),
+            )))
+        }
+    };
 
     let mut pipeline = JoinSet::new();
     let (snapshots, source_errors) = start_pipeline(
         &config,
+        kube.clone(),
         &metrics,
         &readiness,
         ca.root_cert_pem(),
@@ -197,6 +223,10 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         authenticator.clone(),
         Arc::new(SnapshotLocator(snapshots.clone())),
         config.cluster_id.clone(),
+    )
+    .with_trusted_node_accounts(
+        crate::ca::parse_node_accounts(&config.ca_trusted_node_accounts)
+            .map_err(|e| ServerError::Config(crate::config::ConfigError::Invalid(e)))?,
     );
     metrics.register(|r| r.register_collector(Box::new(CaCollector(ca_service.stats()))));
 
@@ -326,6 +356,7 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Clien
 /// Source -> (adapter) -> debounce/model -> watch channel of snapshots.
 fn start_pipeline(
     config: &Config,
+    kube: Option<kube::Client>,
     metrics: &Metrics,
     readiness: &Readiness,
     root_cert_pem: &str,
@@ -338,13 +369,12 @@ fn start_pipeline(
     let errors: SourceErrors = Arc::default();
 
     let dir = config.config_dir.clone();
-    let kubeconfig = config.kubeconfig.clone();
     let root = root_cert_pem.to_string();
     tasks.spawn(async move {
-        let source: Box<dyn ClusterSource> = match dir {
-            Some(dir) => Box::new(DirectorySource::new(dir, DirectoryOptions::default())),
-            None => {
-                let client = kube_client(kubeconfig.as_deref()).await?;
+        let source: Box<dyn ClusterSource> = match (dir, kube) {
+            (Some(dir), _) => Box::new(DirectorySource::new(dir, DirectoryOptions::default())),
+            (None, None) => return Ok(()),
+            (None, Some(client)) => {
                 // The root certificate in every namespace, for as long as istiod runs.
                 let (root_tx, root_rx) = watch::channel(root);
                 let writer = client.clone();
@@ -449,14 +479,7 @@ async fn serve_secure(
     shutdown: Shutdown,
 ) -> Result<(), ServerError> {
     tracing::info!(%addr, "xDS and CA (TLS) listening");
-    let auth = move |req: tonic::Request<()>| match authenticator.authenticate(req.metadata()) {
-        Ok(_) => Ok(req),
-        Err(e) => {
-            tracing::warn!(reason = e.reason(), error = %e, "xDS client refused");
-            Err(tonic::Status::unauthenticated(e.to_string()))
-        }
-    };
-    let xds = tonic::service::interceptor::InterceptedService::new(xds.into_service(), auth);
+    let xds = RequireAuth::new(xds.into_service(), authenticator);
     let incoming = tokio_stream::wrappers::ReceiverStream::new(tls_incoming(listener, tls));
     Server::builder()
         .add_service(xds)

@@ -40,7 +40,11 @@ async fn start(
     state: &tempfile::TempDir,
     tokens: &tempfile::NamedTempFile,
 ) -> Running {
-    common::start_istiod(source, state.path(), tokens.path()).await
+    let flags = [
+        source.to_string(),
+        format!("--tokens-file={}", tokens.path().display()),
+    ];
+    common::start_istiod(&flags, state.path()).await
 }
 
 /// Name -> encoded body of every address and authorization resource.

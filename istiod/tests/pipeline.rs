@@ -80,12 +80,11 @@ impl Harness {
     }
 
     async fn start(&self) -> Running {
-        common::start_istiod(
-            &format!("--config-dir={}", self.cluster.path().display()),
-            self.state.path(),
-            self.tokens.path(),
-        )
-        .await
+        let flags = [
+            format!("--config-dir={}", self.cluster.path().display()),
+            format!("--tokens-file={}", self.tokens.path().display()),
+        ];
+        common::start_istiod(&flags, self.state.path()).await
     }
 }
 
@@ -277,14 +276,14 @@ async fn pod_file_edits_reach_a_subscribed_client_as_deltas() {
         has(&wds.client, &uid("demo", "server-1")) && has(&wds.client, &uid("demo", "server-2"))
     );
 
-    let configz = http_get(running.http_addr, "/debug/configz").await;
+    let configz = common::http_get(running.http_addr, "/debug/configz").await;
     assert!(
         configz.contains("broken.yaml") && configz.contains("spec.ports[0].port"),
         "{configz}"
     );
-    let syncz = http_get(running.http_addr, "/debug/syncz").await;
+    let syncz = common::http_get(running.http_addr, "/debug/syncz").await;
     assert!(syncz.contains("ztunnel~10.0.0.1~ztunnel-abc"), "{syncz}");
-    let metrics = http_get(running.monitoring_addr, "/metrics").await;
+    let metrics = common::http_get(running.monitoring_addr, "/metrics").await;
     for name in [
         "pilot_xds{",
         "pilot_xds_pushes_total{",
@@ -489,24 +488,10 @@ async fn ca_issues_only_for_pods_scheduled_on_the_callers_node() {
     ))
     .await
     .expect("lonely now on node1");
-    let metrics = http_get(running.monitoring_addr, "/metrics").await;
+    let metrics = common::http_get(running.monitoring_addr, "/metrics").await;
     assert!(
         metrics.contains("citadel_server_success_cert_issuance_count_total 2"),
         "{metrics}"
     );
     running.shutdown().await.expect("clean shutdown");
-}
-
-/// A minimal HTTP/1.0 GET on loopback.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect http");
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.expect("read");
-    String::from_utf8_lossy(&buf).into_owned()
 }

@@ -158,6 +158,10 @@ pub struct FakeToken {
     pub audiences: Vec<String>,
     /// The pod the token is bound to (name, uid): reviews fail once it is gone.
     pub pod: Option<(String, String)>,
+    /// A user that is not a service account (a person's or a controller's credential): the
+    /// review names this user, in the group `system:authenticated` only, and `namespace` and
+    /// `service_account` are not used.
+    pub user: Option<String>,
 }
 
 #[derive(Debug)]

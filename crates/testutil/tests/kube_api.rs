@@ -354,6 +354,7 @@ async fn token_reviews_check_audience_and_the_bound_pod() {
             service_account: "ztunnel".into(),
             audiences: vec!["istio-ca".into()],
             pod: Some(("ztunnel-1".into(), uid)),
+            user: None,
         },
     );
     let reviews: Api<TokenReview> = Api::all(c.clone());

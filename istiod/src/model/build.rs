@@ -149,6 +149,7 @@ impl Model {
             aliases: self.aliases.clone(),
             log: self.log.clone(),
             node_identities: self.state.node_identities.clone(),
+            pods: self.state.pods.clone(),
             errors: Arc::new(self.errors.values().flatten().cloned().collect()),
             stats,
             created_at: Some(std::time::Instant::now()),

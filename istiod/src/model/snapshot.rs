@@ -6,7 +6,7 @@ use mesh_proto::type_url;
 use mesh_xds::{ChangeSet, ResourceMap, XdsSnapshot};
 
 use super::debug;
-use super::state::NodeIdentities;
+use super::state::{NodeIdentities, PodFacts, PodIndex};
 use super::waypoints::{waypoint_of, WaypointViews};
 use super::{BuildStats, ModelError};
 use crate::envoy::{ProxyResources, WaypointKey};
@@ -28,6 +28,7 @@ pub struct Snapshot {
     /// (version, names changed by that version), oldest first, at most [`CHANGE_LOG_LEN`].
     pub(crate) log: imbl::Vector<Arc<(u64, ChangeSet)>>,
     pub(crate) node_identities: NodeIdentities,
+    pub(crate) pods: PodIndex,
     pub(crate) errors: Arc<Vec<ModelError>>,
     pub(crate) stats: BuildStats,
     /// When this snapshot was built (`None` for the empty initial one).
@@ -62,6 +63,13 @@ impl Snapshot {
     pub fn identity_on_node(&self, node: &str, ns: &str, sa: &str) -> bool {
         self.node_identities
             .contains_key(&(node.to_string(), ns.to_string(), sa.to_string()))
+    }
+
+    /// The pod `namespace`/`name`, as the CA checks a caller's bound token against it.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<&PodFacts> {
+        self.pods
+            .get(&(namespace.to_string(), name.to_string()))
+            .map(|p| &**p)
     }
 
     /// The configuration problems current in this version.

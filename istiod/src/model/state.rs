@@ -11,6 +11,18 @@ pub(crate) static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 /// (node, namespace, service account) -> number of live pods with that identity on that node.
 pub(crate) type NodeIdentities = imbl::OrdMap<(String, String, String), u32>;
 
+/// (namespace, name) -> what the CA needs to know of a pod that calls it.
+pub(crate) type PodIndex = imbl::OrdMap<(String, String), Arc<PodFacts>>;
+
+/// The facts of a pod the CA checks a bound service-account token against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodFacts {
+    pub uid: String,
+    pub service_account: String,
+    /// `spec.nodeName`, once scheduled.
+    pub node: Option<String>,
+}
+
 /// Every object the model knows, with the indexes the incremental rebuild needs.
 #[derive(Debug, Default)]
 pub(crate) struct State {
@@ -18,6 +30,7 @@ pub(crate) struct State {
     objects: HashMap<ObjectKey, Arc<Object>>,
     by_namespace: HashMap<(Kind, String), BTreeSet<String>>,
     pub node_identities: NodeIdentities,
+    pub pods: PodIndex,
 }
 
 impl State {
@@ -30,6 +43,10 @@ impl State {
             .insert(key.name.clone());
         if let Object::Pod(pod) = &*obj {
             self.add_identity(pod, 1);
+            self.pods.insert(
+                (key.namespace.clone(), key.name.clone()),
+                Arc::new(pod_facts(pod)),
+            );
         }
         let old = self.objects.insert(key, obj);
         if let Some(Object::Pod(pod)) = old.as_deref() {
@@ -50,6 +67,7 @@ impl State {
         }
         if let Object::Pod(pod) = &*old {
             self.add_identity(pod, -1);
+            self.pods.remove(&(key.namespace.clone(), key.name.clone()));
         }
         Some(old)
     }
@@ -109,6 +127,26 @@ impl State {
     }
 }
 
+fn pod_facts(pod: &Pod) -> PodFacts {
+    let spec = pod.spec.as_ref();
+    PodFacts {
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        service_account: pod_service_account(pod),
+        node: spec
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty()),
+    }
+}
+
+/// `spec.serviceAccountName`, `default` when unset (as the API server defaults it).
+fn pod_service_account(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.service_account_name.clone())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "default".into())
+}
+
 /// (node, namespace, service account) of a scheduled pod that has not terminated.
 fn pod_identity(pod: &Pod) -> Option<(String, String, String)> {
     let spec = pod.spec.as_ref()?;
@@ -122,12 +160,7 @@ fn pod_identity(pod: &Pod) -> Option<(String, String, String)> {
         .namespace
         .clone()
         .unwrap_or_else(|| "default".into());
-    let sa = spec
-        .service_account_name
-        .clone()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "default".into());
-    Some((node, ns, sa))
+    Some((node, ns, pod_service_account(pod)))
 }
 
 /// Labels of an object's metadata (empty when it has none).

@@ -571,12 +571,17 @@ fn token_review(shared: &Shared, body: &[u8]) -> Response {
                     );
                     extra.insert("authentication.kubernetes.io/pod-uid".into(), json!([uid]));
                 }
-                json!({"authenticated": true, "audiences": audiences, "user": {
-                    "username": format!("system:serviceaccount:{}:{}", t.namespace, t.service_account),
-                    "uid": format!("sa-uid-{}-{}", t.namespace, t.service_account),
-                    "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", t.namespace), "system:authenticated"],
-                    "extra": extra,
-                }})
+                let user = match &t.user {
+                    Some(name) => json!({"username": name, "uid": format!("user-uid-{name}"),
+                        "groups": ["system:authenticated"]}),
+                    None => json!({
+                        "username": format!("system:serviceaccount:{}:{}", t.namespace, t.service_account),
+                        "uid": format!("sa-uid-{}-{}", t.namespace, t.service_account),
+                        "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{}", t.namespace), "system:authenticated"],
+                        "extra": extra,
+                    }),
+                };
+                json!({"authenticated": true, "audiences": audiences, "user": user})
             }
         }
     };

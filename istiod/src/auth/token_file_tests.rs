@@ -30,25 +30,27 @@ fn write(path: &Path, text: &str) {
     f.write_all(text.as_bytes()).expect("write");
 }
 
-#[test]
-fn authenticates_known_tokens() {
+#[tokio::test]
+async fn authenticates_known_tokens() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("tokens.yaml");
     write(&path, FILE);
     let auth = TokenFileAuthenticator::new(&path).expect("load");
     let node = auth
         .authenticate(&md(Some("Bearer s3cr3t-node1")))
+        .await
         .expect("node agent");
     assert_eq!(node.identity.service_account(), "ztunnel");
     assert_eq!(node.node.as_deref(), Some("node1"));
     let app = auth
         .authenticate(&md(Some("bearer app-token")))
+        .await
         .expect("app");
     assert_eq!(app.node, None);
 }
 
-#[test]
-fn refusals_are_distinct_and_never_show_the_token() {
+#[tokio::test]
+async fn refusals_are_distinct_and_never_show_the_token() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("tokens.yaml");
     write(&path, FILE);
@@ -62,7 +64,7 @@ fn refusals_are_distinct_and_never_show_the_token() {
         (Some("Bearer old-token"), "expired_token"),
     ];
     for (header, reason) in cases {
-        let err = auth.authenticate(&md(header)).expect_err(reason);
+        let err = auth.authenticate(&md(header)).await.expect_err(reason);
         assert_eq!(err.reason(), reason, "{header:?}: {err}");
         let msg = err.to_string();
         for secret in ["s3cr3t", "nope-not", "old-token"] {
@@ -71,12 +73,13 @@ fn refusals_are_distinct_and_never_show_the_token() {
     }
     let err = auth
         .authenticate(&md(Some("Bearer old-token")))
+        .await
         .expect_err("expired");
     assert!(err.to_string().contains("sa/old") && err.to_string().contains("2001-01-01"));
 }
 
-#[test]
-fn reloads_when_the_file_changes_and_reports_a_broken_file() {
+#[tokio::test]
+async fn reloads_when_the_file_changes_and_reports_a_broken_file() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("tokens.yaml");
     write(&path, FILE);
@@ -85,16 +88,19 @@ fn reloads_when_the_file_changes_and_reports_a_broken_file() {
     write(&path, new);
     let caller = auth
         .authenticate(&md(Some("Bearer fresh-token-value")))
+        .await
         .expect("reloaded");
     assert_eq!(caller.identity.namespace(), "a");
     let err = auth
         .authenticate(&md(Some("Bearer app-token")))
+        .await
         .expect_err("gone");
     assert_eq!(err.reason(), "unknown_token");
 
     write(&path, "tokens: [ {token: x, identity: not-a-spiffe-id} ]");
     let err = auth
         .authenticate(&md(Some("Bearer x")))
+        .await
         .expect_err("broken");
     assert_eq!(err.reason(), "token_file_malformed");
     let msg = err.to_string();
@@ -106,13 +112,14 @@ fn reloads_when_the_file_changes_and_reports_a_broken_file() {
     std::fs::remove_file(&path).expect("rm");
     let err = auth
         .authenticate(&md(Some("Bearer x")))
+        .await
         .expect_err("missing");
     assert_eq!(err.reason(), "token_file_unreadable");
     assert!(err.to_string().contains("tokens.yaml"));
 }
 
-#[test]
-fn malformed_files_name_the_problem() {
+#[tokio::test]
+async fn malformed_files_name_the_problem() {
     let cases = [
         ("tokens: 3", "invalid type"),
         ("tokens:\n- token: a\n  identity: spiffe://cluster.local/ns/a/sa/b\n  nod: n1\n", "nod"),
