@@ -50,6 +50,22 @@ pub struct Config {
     #[arg(long, env = "CA_TRUSTED_NODE_ACCOUNTS", value_delimiter = ',')]
     pub ca_trusted_node_accounts: Vec<String>,
 
+    /// This istiod's name among its replicas: the holder identity in leader-election locks.
+    #[arg(long, env = "POD_NAME", default_value_t = default_pod_name())]
+    pub pod_name: String,
+
+    /// istiod's namespace: where its leader-election locks live.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
+    pub pod_namespace: String,
+
+    /// The control-plane revision (`istio.io/rev`); the holder key of leader-election locks.
+    #[arg(long, env = "REVISION", default_value = "default")]
+    pub revision: String,
+
+    /// Whether the controllers that write to the API run only in the elected leader.
+    #[arg(long, env = "ENABLE_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enable_leader_election: bool,
+
     /// Plaintext xDS.
     #[arg(long, env = "ISTIOD_GRPC_ADDR", default_value = "0.0.0.0:15010")]
     pub grpc_addr: SocketAddr,
@@ -129,6 +145,15 @@ pub struct Config {
         default_value = "127.0.0.1"
     )]
     pub serving_ips: Vec<std::net::IpAddr>,
+}
+
+/// The host name, as a pod's name is its host name.
+fn default_pod_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "istiod".to_string())
 }
 
 /// Serializes durations as humantime strings ("100ms") in `/debug/config_dump`-style output.

@@ -206,15 +206,24 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     };
 
     let mut pipeline = JoinSet::new();
-    let (snapshots, source_errors) = start_pipeline(
-        &config,
-        kube.clone(),
-        &metrics,
-        &readiness,
-        ca.root_cert_pem(),
-        &mut pipeline,
-    );
+    let (snapshots, source_errors) =
+        start_pipeline(&config, kube.clone(), &metrics, &readiness, &mut pipeline);
     tasks.spawn(supervise_pipeline(pipeline, shutdown.clone()));
+    if let Some(client) = &kube {
+        let controllers = crate::kube::Controllers {
+            client: client.clone(),
+            identity: config.pod_name.clone(),
+            namespace: config.pod_namespace.clone(),
+            revision: config.revision.clone(),
+            leader_election: config.enable_leader_election,
+            root_cert_pem: ca.root_cert_pem().to_string(),
+        };
+        let sd = shutdown.clone();
+        tasks.spawn(async move {
+            controllers.run(sd.wait()).await;
+            Ok(())
+        });
+    }
 
     let xds =
         XdsServer::new(snapshots.clone()).with_metrics(metrics.register(XdsMetrics::register));
@@ -336,21 +345,10 @@ async fn supervise_pipeline(
     Ok(())
 }
 
-/// A client for the API server of `kubeconfig`, or the in-cluster one (service account token,
-/// `KUBERNETES_SERVICE_HOST`).
 async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, ServerError> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| ServerError::Kube(format!("kubeconfig {}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(file, &Default::default())
-                .await
-                .map_err(|e| ServerError::Kube(format!("kubeconfig {}: {e}", path.display())))?
-        }
-        None => kube::Config::incluster()
-            .map_err(|e| ServerError::Kube(format!("in-cluster configuration: {e}")))?,
-    };
-    kube::Client::try_from(config).map_err(|e| ServerError::Kube(format!("API client: {e}")))
+    mesh_kube::client(kubeconfig)
+        .await
+        .map_err(|e| ServerError::Kube(e.to_string()))
 }
 
 /// Source -> (adapter) -> debounce/model -> watch channel of snapshots.
@@ -359,7 +357,6 @@ fn start_pipeline(
     kube: Option<kube::Client>,
     metrics: &Metrics,
     readiness: &Readiness,
-    root_cert_pem: &str,
     tasks: &mut JoinSet<Result<(), ServerError>>,
 ) -> (watch::Receiver<Arc<Snapshot>>, SourceErrors) {
     let (src_tx, mut src_rx) = mpsc::channel::<SourceEvent>(1024);
@@ -369,21 +366,11 @@ fn start_pipeline(
     let errors: SourceErrors = Arc::default();
 
     let dir = config.config_dir.clone();
-    let root = root_cert_pem.to_string();
     tasks.spawn(async move {
         let source: Box<dyn ClusterSource> = match (dir, kube) {
             (Some(dir), _) => Box::new(DirectorySource::new(dir, DirectoryOptions::default())),
             (None, None) => return Ok(()),
-            (None, Some(client)) => {
-                // The root certificate in every namespace, for as long as istiod runs.
-                let (root_tx, root_rx) = watch::channel(root);
-                let writer = client.clone();
-                tokio::spawn(async move {
-                    let _keep = root_tx;
-                    crate::kube::root_cert::run(writer, root_rx).await;
-                });
-                Box::new(KubeSource::new(client, KubeOptions::default()))
-            }
+            (None, Some(client)) => Box::new(KubeSource::new(client, KubeOptions::default())),
         };
         source.run(src_tx).await;
         Ok(())

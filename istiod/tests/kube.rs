@@ -40,9 +40,19 @@ async fn start(
     state: &tempfile::TempDir,
     tokens: &tempfile::NamedTempFile,
 ) -> Running {
+    start_named(source, state, tokens, "istiod-0").await
+}
+
+async fn start_named(
+    source: &str,
+    state: &tempfile::TempDir,
+    tokens: &tempfile::NamedTempFile,
+    pod_name: &str,
+) -> Running {
     let flags = [
         source.to_string(),
         format!("--tokens-file={}", tokens.path().display()),
+        format!("--pod-name={pod_name}"),
     ];
     common::start_istiod(&flags, state.path()).await
 }
@@ -114,9 +124,13 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
 }
 
 /// Polls `f` until it holds (10 s).
-async fn eventually(mut f: impl FnMut() -> bool) -> bool {
+async fn eventually(f: impl FnMut() -> bool) -> bool {
+    eventually_within(WAIT, f).await
+}
+
+async fn eventually_within(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = std::time::Instant::now();
-    while start.elapsed() < WAIT {
+    while start.elapsed() < within {
         if f() {
             return true;
         }
@@ -133,7 +147,7 @@ async fn the_root_certificate_is_kept_in_every_namespace() {
     let api = FakeApiServer::start(core_types())
         .await
         .expect("fake API server");
-    for ns in ["kube-system", "kube-public", "demo"] {
+    for ns in ["istio-system", "kube-system", "kube-public", "demo"] {
         api.seed(
             serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
         )
@@ -176,4 +190,66 @@ async fn the_root_certificate_is_kept_in_every_namespace() {
         eventually(|| holds_root("demo") && holds_root("kube-system") && holds_root("late")).await,
         "repaired and created"
     );
+}
+
+/// The holder of the namespace controller's ConfigMap lock.
+fn lock_holder(api: &FakeApiServer) -> Option<String> {
+    let cm = api.get(
+        "v1",
+        "ConfigMap",
+        "istio-system",
+        "istio-namespace-controller-election",
+    )?;
+    let raw = cm["metadata"]["annotations"]["control-plane.alpha.kubernetes.io/leader"].as_str()?;
+    let record: Value = serde_json::from_str(raw).ok()?;
+    record["holderIdentity"].as_str().map(str::to_string)
+}
+
+#[tokio::test]
+async fn two_istiods_one_writes_and_the_other_takes_over() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tokens = tempfile::NamedTempFile::new().expect("tokens");
+    std::fs::write(tokens.path(), TOKENS).expect("write tokens");
+    let api = FakeApiServer::start(core_types())
+        .await
+        .expect("fake API server");
+    for ns in ["istio-system", "demo"] {
+        api.seed(
+            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .expect("namespace");
+    }
+    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
+    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let source = format!("--kubeconfig={}", kubeconfig.path().display());
+    // Both replicas share one CA, as the istio-ca-secret makes them in a cluster.
+    let state = tempfile::tempdir().expect("state");
+    let a = start_named(&source, &state, &tokens, "istiod-a").await;
+    assert!(eventually(|| lock_holder(&api).as_deref() == Some("istiod-a")).await);
+    let b = start_named(&source, &state, &tokens, "istiod-b").await;
+    let root = std::fs::read_to_string(state.path().join("root-cert.pem")).expect("root");
+    let holds_root = |ns: &str| {
+        api.get("v1", "ConfigMap", ns, "istio-ca-root-cert")
+            .is_some_and(|cm| cm["data"]["root-cert.pem"].as_str() == Some(root.as_str()))
+    };
+    assert!(eventually(|| holds_root("demo")).await);
+    // Only the leader writes: the ConfigMap carries a's writes, and b never holds the lock.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(lock_holder(&api).as_deref(), Some("istiod-a"));
+
+    // a stops: it releases the lock, b takes it at its next try (Istio's retry period, 7.5 s
+    // plus jitter) and repairs what a no longer does.
+    a.shutdown().await.expect("a stops");
+    assert!(
+        eventually_within(Duration::from_secs(20), || lock_holder(&api).as_deref()
+            == Some("istiod-b"))
+        .await,
+        "b leads after a stopped"
+    );
+    api.remove(&serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "istio-ca-root-cert", "namespace": "demo"}}))
+        .expect("remove");
+    assert!(eventually(|| holds_root("demo")).await, "b repairs");
+    b.shutdown().await.expect("b stops");
+    assert_eq!(lock_holder(&api).as_deref(), Some(""), "released on stop");
 }
