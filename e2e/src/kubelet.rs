@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use mesh_api::{Deployment, Kind, Object, ObjectKey};
-use mesh_source::{load_directory, DirectoryWriter, ObjectWriter};
+use mesh_source::{load_directory, DirectoryWriter};
 use mesh_testutil::http_request;
 
 use crate::cluster::{MeshCluster, PodSpec};

@@ -590,7 +590,6 @@ mod tests {
 
     #[test]
     fn wait_and_status_follow_the_programmed_condition() {
-        use mesh_source::ObjectWriter;
         let dir = tempfile::tempdir().expect("dir");
         let args = ApplyArgs {
             gateway: gen("shop", "waypoint", None),

@@ -115,7 +115,7 @@ impl<W: ObjectWriter> Controller<W> {
     }
 
     /// Brings every waypoint's objects and status in line with the current state.
-    pub fn reconcile(&mut self, now: &str) -> Report {
+    pub async fn reconcile(&mut self, now: &str) -> Report {
         let mut report = Report::default();
         let gateways: Vec<Arc<Object>> = (self.objects.values())
             .filter(|o| waypoint_gateway(o).is_some())
@@ -128,14 +128,15 @@ impl<W: ObjectWriter> Controller<W> {
             let Some(gw) = waypoint_gateway(o) else {
                 continue;
             };
-            self.reconcile_gateway(gw, now, &mut used_ips, &mut wanted, &mut report);
+            self.reconcile_gateway(gw, now, &mut used_ips, &mut wanted, &mut report)
+                .await;
         }
-        self.collect_garbage(&wanted, &mut report);
-        self.clear_stale_status(&gateways, &mut report);
+        self.collect_garbage(&wanted, &mut report).await;
+        self.clear_stale_status(&gateways, &mut report).await;
         report
     }
 
-    fn reconcile_gateway(
+    async fn reconcile_gateway(
         &mut self,
         gw: &Gateway,
         now: &str,
@@ -174,7 +175,7 @@ impl<W: ObjectWriter> Controller<W> {
                     continue;
                 }
             }
-            match self.writer.apply(&value) {
+            match self.writer.apply(&value).await {
                 Ok(true) => report.applied.push(key),
                 Ok(false) => {}
                 Err(source) => report.errors.push(ReconcileError::Write {
@@ -204,7 +205,7 @@ impl<W: ObjectWriter> Controller<W> {
         let status = gateway_status(gw, &observed, &self.opts.render.cluster_domain, now);
         if gw.status.as_ref() != Some(&status) || !self.statused.contains(&gw_key) {
             let value = serde_json::to_value(&status).unwrap_or(Value::Null);
-            match self.writer.write_status(&gw_key, Some(&value)) {
+            match self.writer.write_status(&gw_key, Some(&value)).await {
                 Ok(()) => {
                     self.statused.insert(gw_key.clone());
                     report.statuses.push(gw_key);
@@ -258,7 +259,11 @@ impl<W: ObjectWriter> Controller<W> {
     }
 
     /// Deletes managed objects whose Gateway is gone (or no longer needs them).
-    fn collect_garbage(&mut self, wanted: &BTreeMap<ObjectKey, ObjectKey>, report: &mut Report) {
+    async fn collect_garbage(
+        &mut self,
+        wanted: &BTreeMap<ObjectKey, ObjectKey>,
+        report: &mut Report,
+    ) {
         let stale: Vec<ObjectKey> = (self.objects.iter())
             .filter(|(key, o)| {
                 let meta = o.metadata();
@@ -275,7 +280,7 @@ impl<W: ObjectWriter> Controller<W> {
             .map(|(key, _)| key.clone())
             .collect();
         for key in stale {
-            match self.writer.delete(&key) {
+            match self.writer.delete(&key).await {
                 Ok(()) => {
                     info!(object = %key, "deleted: its Gateway is gone");
                     report.deleted.push(key);
@@ -289,11 +294,11 @@ impl<W: ObjectWriter> Controller<W> {
     }
 
     /// Clears the status this controller wrote for Gateways that are gone or changed class.
-    fn clear_stale_status(&mut self, gateways: &[Arc<Object>], report: &mut Report) {
+    async fn clear_stale_status(&mut self, gateways: &[Arc<Object>], report: &mut Report) {
         let live: BTreeSet<ObjectKey> = gateways.iter().map(|g| g.key()).collect();
         let gone: Vec<ObjectKey> = self.statused.difference(&live).cloned().collect();
         for key in gone {
-            match self.writer.write_status(&key, None) {
+            match self.writer.write_status(&key, None).await {
                 Ok(()) => {
                     self.statused.remove(&key);
                 }

@@ -1,16 +1,24 @@
-//! waypoint-controller binary: watches a config directory (the same one istiod reads) and
-//! keeps every waypoint Gateway's ServiceAccount, Deployment, Service and status in it.
+//! waypoint-controller binary: watches a config directory (the same one istiod reads), or the
+//! Kubernetes API, and keeps every waypoint Gateway's ServiceAccount, Deployment, Service and
+//! status there.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use clap::Parser;
 use ipnet::Ipv4Net;
-use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource, DirectoryWriter};
+use mesh_api::Kind;
+use mesh_kube::{LeaderElection, LockKind};
+use mesh_source::{
+    DirectoryOptions, DirectorySource, DirectoryWriter, KubeOptions, KubeSource, KubeWriter,
+};
 use tracing::{info, warn};
-use waypoint_controller::{Controller, ControllerOptions, RenderOptions};
+use waypoint_controller::render::{MANAGED_LABEL, MANAGED_VALUE};
+use waypoint_controller::run::run as control;
+use waypoint_controller::{
+    ControllerOptions, RenderOptions, DEPLOYMENT_LOCK_PREFIX, FIELD_MANAGER,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -18,9 +26,19 @@ use waypoint_controller::{Controller, ControllerOptions, RenderOptions};
     about = "Deploys waypoints for Gateways of class istio-waypoint"
 )]
 struct Args {
-    /// The directory of cluster objects (istiod's --config-dir).
-    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
-    config_dir: PathBuf,
+    /// The directory of cluster objects (istiod's --config-dir). Without it the controller
+    /// works on the Kubernetes API: --kubeconfig, else the in-cluster configuration.
+    #[arg(long, env = "ISTIOD_CONFIG_DIR", conflicts_with = "kubeconfig")]
+    config_dir: Option<PathBuf>,
+    /// A kubeconfig file naming the API server to work on.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// This replica's holder identity in the leader lock.
+    #[arg(long, env = "POD_NAME", default_value = "waypoint-controller")]
+    pod_name: String,
+    /// Where the leader lock lives.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
+    pod_namespace: String,
     /// Subdirectory of --config-dir the controller's own objects are written to.
     #[arg(
         long,
@@ -28,8 +46,8 @@ struct Args {
         default_value = "waypoint-controller"
     )]
     output_subdir: String,
-    /// Range the waypoint Services' ClusterIPs are taken from (a directory has no API server
-    /// to allocate them).
+    /// Range the waypoint Services' ClusterIPs are taken from in the directory mode (a
+    /// directory has no API server to allocate them).
     #[arg(long, env = "SERVICE_CIDR", default_value = "10.96.0.0/16")]
     service_cidr: Ipv4Net,
     /// Image registry and tag of the proxy image (`<hub>/proxyv2:<tag>`).
@@ -53,9 +71,6 @@ struct Args {
     #[arg(long, env = "REVISION", default_value = "default")]
     revision: String,
 }
-
-/// Quiet time after the last change before a reconcile pass.
-const DEBOUNCE: Duration = Duration::from_millis(30);
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -82,7 +97,7 @@ fn run(args: Args) -> anyhow::Result<()> {
 
 async fn serve(args: Args) -> anyhow::Result<()> {
     info!(?args, "waypoint-controller starting");
-    let opts = ControllerOptions {
+    let mut opts = ControllerOptions {
         render: RenderOptions {
             hub: args.hub,
             tag: args.tag,
@@ -90,51 +105,54 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             discovery_address: args.discovery_address,
             cluster_id: args.cluster_id,
             trust_domain: args.trust_domain,
-            revision: args.revision,
+            revision: args.revision.clone(),
             ..RenderOptions::default()
         },
         service_cidr: Some(args.service_cidr),
     };
-    let writer = DirectoryWriter::new(&args.config_dir, &args.output_subdir);
-    let mut controller = Controller::new(writer, opts);
-    let source = DirectorySource::new(&args.config_dir, DirectoryOptions::default());
-    let (tx, mut rx) = tokio::sync::mpsc::channel(1024);
-    tokio::spawn(Box::new(source).run(tx));
     let shutdown = mesh_runtime::signal::on_signals().context("installing signal handlers")?;
-    let stopped = shutdown.wait();
-    tokio::pin!(stopped);
-    let mut synced = false;
-    loop {
-        let event = tokio::select! {
-            event = rx.recv() => event,
-            () = &mut stopped => return Ok(()),
-        };
-        let Some(event) = event else {
-            anyhow::bail!("the directory source stopped");
-        };
-        synced |= matches!(event, mesh_source::SourceEvent::Synced);
-        let mut changed = controller.observe(event);
-        // Take the rest of the burst before reconciling.
-        while let Ok(Some(event)) = tokio::time::timeout(DEBOUNCE, rx.recv()).await {
-            synced |= matches!(event, mesh_source::SourceEvent::Synced);
-            changed |= controller.observe(event);
+    if let Some(dir) = args.config_dir {
+        let writer = DirectoryWriter::new(&dir, &args.output_subdir);
+        let source = DirectorySource::new(&dir, DirectoryOptions::default());
+        return Ok(control(Box::new(source), writer, opts, shutdown.wait()).await?);
+    }
+    // The API server allocates ClusterIPs.
+    opts.service_cidr = None;
+    let client = mesh_kube::client(args.kubeconfig.as_deref()).await?;
+    let lock = format!("{DEPLOYMENT_LOCK_PREFIX}{}", args.revision);
+    let election = LeaderElection::new(
+        client.clone(),
+        LockKind::Lease,
+        &args.pod_namespace,
+        &lock,
+        &args.pod_name,
+    )
+    .with_holder_key(&args.revision);
+    let work = move || {
+        let (client, opts) = (client.clone(), opts.clone());
+        async move {
+            let source = KubeSource::new(client.clone(), kube_options());
+            let writer = KubeWriter::new(client, FIELD_MANAGER, (MANAGED_LABEL, MANAGED_VALUE));
+            // Runs until leadership ends (the election aborts it); a source that stops is
+            // logged, and the next leadership starts afresh.
+            if let Err(e) = control(Box::new(source), writer, opts, std::future::pending()).await {
+                warn!(error = %e, "waypoint controller stopped");
+            }
         }
-        if !synced || !changed {
-            continue;
-        }
-        let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-        let report = controller.reconcile(&now);
-        for e in &report.errors {
-            warn!("{e}");
-        }
-        if !report.applied.is_empty() || !report.deleted.is_empty() || !report.statuses.is_empty() {
-            info!(
-                applied = report.applied.len(),
-                deleted = report.deleted.len(),
-                statuses = report.statuses.len(),
-                skipped = report.skipped.len(),
-                "reconciled"
-            );
-        }
+    };
+    election.run(work, shutdown.wait()).await;
+    Ok(())
+}
+
+/// The kinds the controller reads: Gateways and what it makes for them.
+fn kube_options() -> KubeOptions {
+    KubeOptions {
+        kinds: vec![
+            Kind::Gateway,
+            Kind::Deployment,
+            Kind::Service,
+            Kind::ServiceAccount,
+        ],
+        ..KubeOptions::default()
     }
 }

@@ -94,7 +94,7 @@ fn from_crd(kind: Kind) -> bool {
     api_version.contains(".istio.io/") || api_version.starts_with("gateway.networking.k8s.io/")
 }
 
-fn api_resource(kind: Kind) -> ApiResource {
+pub(crate) fn api_resource(kind: Kind) -> ApiResource {
     let api_version = kind.api_version();
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
     let gvk = GroupVersionKind::gvk(group, version, kind.as_str());

@@ -29,6 +29,7 @@
 mod directory;
 mod error;
 mod kube_source;
+mod kube_writer;
 mod parse;
 mod scan;
 mod store;
@@ -45,6 +46,7 @@ use mesh_api::{Object, ObjectKey};
 pub use directory::{DirectoryOptions, DirectorySource};
 pub use error::{Problem, SourceError};
 pub use kube_source::{plural, KubeOptions, KubeSource};
+pub use kube_writer::KubeWriter;
 pub use scan::STATUS_DIR;
 pub use writer::{DirectoryWriter, ObjectWriter, WriteError};
 

@@ -5,8 +5,9 @@
 //! same directory reads back what was written: owned objects go to a subdirectory of their own
 //! (one file per object), status goes to the root's status directory, where each document sets
 //! the `status` of the object with the same key (the user's own file is never rewritten). A
-//! Kubernetes writer will implement the same trait with server-side apply.
+//! [`crate::KubeWriter`] implements the same trait with server-side apply.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use mesh_api::{ApiError, Object, ObjectKey};
@@ -34,18 +35,25 @@ pub enum WriteError {
         #[source]
         source: std::io::Error,
     },
+    /// The API server refused or could not be reached.
+    #[error("{key}: {detail}")]
+    Api { key: Box<ObjectKey>, detail: String },
 }
 
-/// Where a controller writes.
+/// Where a controller writes (asynchronously: the Kubernetes writer talks to the API server).
 pub trait ObjectWriter: Send + Sync + 'static {
     /// Creates or replaces a whole object (`apiVersion`, `kind`, `metadata`, ...), as the
     /// controller's field manager would with a forced server-side apply. Returns whether
     /// anything changed.
-    fn apply(&self, object: &Value) -> Result<bool, WriteError>;
+    fn apply(&self, object: &Value) -> impl Future<Output = Result<bool, WriteError>> + Send;
     /// Deletes an object this writer created; one it did not create is left alone.
-    fn delete(&self, key: &ObjectKey) -> Result<(), WriteError>;
+    fn delete(&self, key: &ObjectKey) -> impl Future<Output = Result<(), WriteError>> + Send;
     /// Sets the `status` of the object `key` (`None` clears what this writer set).
-    fn write_status(&self, key: &ObjectKey, status: Option<&Value>) -> Result<(), WriteError>;
+    fn write_status(
+        &self,
+        key: &ObjectKey,
+        status: Option<&Value>,
+    ) -> impl Future<Output = Result<(), WriteError>> + Send;
 }
 
 /// Writes into a directory watched by a [`crate::DirectorySource`].
@@ -83,7 +91,27 @@ impl DirectoryWriter {
 }
 
 impl ObjectWriter for DirectoryWriter {
-    fn apply(&self, object: &Value) -> Result<bool, WriteError> {
+    async fn apply(&self, object: &Value) -> Result<bool, WriteError> {
+        DirectoryWriter::apply(self, object)
+    }
+
+    async fn delete(&self, key: &ObjectKey) -> Result<(), WriteError> {
+        DirectoryWriter::delete(self, key)
+    }
+
+    async fn write_status(
+        &self,
+        key: &ObjectKey,
+        status: Option<&Value>,
+    ) -> Result<(), WriteError> {
+        DirectoryWriter::write_status(self, key, status)
+    }
+}
+
+/// The same writes, synchronously (a file write does not wait on anything).
+impl DirectoryWriter {
+    /// See [`ObjectWriter::apply`].
+    pub fn apply(&self, object: &Value) -> Result<bool, WriteError> {
         let key = Object::from_value(object.clone())
             .map_err(|e| WriteError::Invalid(Box::new(e)))?
             .key();
@@ -94,11 +122,13 @@ impl ObjectWriter for DirectoryWriter {
         write_if_changed(&self.object_path(&key), &text)
     }
 
-    fn delete(&self, key: &ObjectKey) -> Result<(), WriteError> {
+    /// See [`ObjectWriter::delete`].
+    pub fn delete(&self, key: &ObjectKey) -> Result<(), WriteError> {
         remove(&self.object_path(key))
     }
 
-    fn write_status(&self, key: &ObjectKey, status: Option<&Value>) -> Result<(), WriteError> {
+    /// See [`ObjectWriter::write_status`].
+    pub fn write_status(&self, key: &ObjectKey, status: Option<&Value>) -> Result<(), WriteError> {
         let path = self.status_path(key);
         let Some(status) = status else {
             return remove(&path);

@@ -2,7 +2,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use mesh_api::{GatewayStatus, Kind, Object, ObjectKey};
-use mesh_source::{load_directory, DirectoryWriter, ObjectWriter, SourceEvent};
+use mesh_source::{load_directory, DirectoryWriter, SourceEvent};
 use serde_json::json;
 
 use super::*;
@@ -41,9 +41,9 @@ impl Harness {
 
     /// Feeds the directory's current state, then reconciles (twice: what the first pass
     /// wrote is read back as the watcher would deliver it).
-    fn reconcile(&mut self) -> Report {
-        let report = self.pass();
-        let second = self.pass();
+    async fn reconcile(&mut self) -> Report {
+        let report = self.pass().await;
+        let second = self.pass().await;
         Report {
             applied: [report.applied, second.applied].concat(),
             deleted: [report.deleted, second.deleted].concat(),
@@ -53,7 +53,7 @@ impl Harness {
         }
     }
 
-    fn pass(&mut self) -> Report {
+    async fn pass(&mut self) -> Report {
         let (objects, errors) = load_directory(self.path());
         assert!(errors.is_empty(), "{errors:?}");
         let now: BTreeSet<ObjectKey> = objects.iter().map(|(_, o)| o.key()).collect();
@@ -65,7 +65,7 @@ impl Harness {
         }
         self.controller.observe(SourceEvent::Synced);
         self.seen = now;
-        self.controller.reconcile("2026-12-01T12:00:00Z")
+        self.controller.reconcile("2026-12-01T12:00:00Z").await
     }
 
     fn object(&self, kind: Kind, name: &str) -> Option<Object> {
@@ -103,11 +103,11 @@ fn labels(o: &Object) -> std::collections::BTreeMap<String, String> {
     o.metadata().labels.clone().unwrap_or_default()
 }
 
-#[test]
-fn a_waypoint_gateway_becomes_its_objects_and_is_programmed_once_ready() {
+#[tokio::test]
+async fn a_waypoint_gateway_becomes_its_objects_and_is_programmed_once_ready() {
     let mut h = Harness::new();
     h.write("gw.yaml", GATEWAY);
-    let report = h.reconcile();
+    let report = h.reconcile().await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     let sa = h
         .object(Kind::ServiceAccount, "waypoint")
@@ -191,7 +191,7 @@ fn a_waypoint_gateway_becomes_its_objects_and_is_programmed_once_ready() {
     assert_eq!(condition(&status, "Programmed").1, "Pending");
 
     h.set_ready(1);
-    h.reconcile();
+    h.reconcile().await;
     let status = h.status();
     let values: Vec<&str> = status.addresses.iter().map(|a| a.value.as_str()).collect();
     assert_eq!(
@@ -207,7 +207,7 @@ fn a_waypoint_gateway_becomes_its_objects_and_is_programmed_once_ready() {
 
     // Readiness lost: Programmed goes false, addresses stay.
     h.set_ready(0);
-    h.reconcile();
+    h.reconcile().await;
     let status = h.status();
     assert_eq!(condition(&status, "Programmed").0, "False");
     assert_eq!(status.addresses.len(), 2);
@@ -218,13 +218,13 @@ fn a_waypoint_gateway_becomes_its_objects_and_is_programmed_once_ready() {
     assert_eq!(s.spec.and_then(|s| s.cluster_ip), Some(ip.to_string()));
 }
 
-#[test]
-fn an_unmanaged_object_is_never_touched_and_named_in_status() {
+#[tokio::test]
+async fn an_unmanaged_object_is_never_touched_and_named_in_status() {
     let mut h = Harness::new();
     let mine = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: waypoint\n  namespace: shop\nspec:\n  selector:\n    matchLabels: {app: mine}\n  template:\n    metadata:\n      labels: {app: mine}\n    spec:\n      containers:\n      - name: app\n        image: mine\n";
     h.write("mine.yaml", mine);
     h.write("gw.yaml", GATEWAY);
-    let report = h.reconcile();
+    let report = h.reconcile().await;
     assert_eq!(
         report.skipped,
         [ObjectKey::new(Kind::Deployment, "shop", "waypoint")]
@@ -244,14 +244,14 @@ fn an_unmanaged_object_is_never_touched_and_named_in_status() {
     assert!(status.addresses.is_empty());
 }
 
-#[test]
-fn objects_of_a_deleted_gateway_go_and_other_classes_are_ignored() {
+#[tokio::test]
+async fn objects_of_a_deleted_gateway_go_and_other_classes_are_ignored() {
     let mut h = Harness::new();
     h.write("gw.yaml", GATEWAY);
-    h.reconcile();
+    h.reconcile().await;
     assert!(h.object(Kind::Deployment, "waypoint").is_some());
     std::fs::remove_file(h.path().join("gw.yaml")).expect("rm");
-    let report = h.reconcile();
+    let report = h.reconcile().await;
     assert_eq!(report.deleted.len(), 3, "{report:?}");
     assert!(h.object(Kind::Deployment, "waypoint").is_none());
     assert!(h.object(Kind::Service, "waypoint").is_none());
@@ -261,15 +261,15 @@ fn objects_of_a_deleted_gateway_go_and_other_classes_are_ignored() {
     );
 
     h.write("gw.yaml", &GATEWAY.replace("istio-waypoint", "istio"));
-    let report = h.reconcile();
+    let report = h.reconcile().await;
     assert!(
         report.applied.is_empty() && report.statuses.is_empty(),
         "{report:?}"
     );
 }
 
-#[test]
-fn overrides_rename_what_is_made() {
+#[tokio::test]
+async fn overrides_rename_what_is_made() {
     let mut h = Harness::new();
     h.write(
         "gw.yaml",
@@ -278,14 +278,14 @@ fn overrides_rename_what_is_made() {
             "  uid: 5f0e\n  annotations:\n    gateway.istio.io/name-override: wp\n    gateway.istio.io/service-account: wp-sa\n",
         ),
     );
-    h.reconcile();
+    h.reconcile().await;
     assert!(h.object(Kind::Deployment, "wp").is_some());
     assert!(h.object(Kind::Service, "wp").is_some());
     assert!(h.object(Kind::ServiceAccount, "wp-sa").is_some());
 }
 
-#[test]
-fn allocation_is_stable_and_skips_used_addresses() {
+#[tokio::test]
+async fn allocation_is_stable_and_skips_used_addresses() {
     let cidr: Ipv4Net = "10.96.0.0/30".parse().expect("cidr");
     let mut used = BTreeSet::new();
     let first = allocate(cidr, "shop/waypoint", &used).expect("one free");
@@ -303,8 +303,8 @@ fn allocation_is_stable_and_skips_used_addresses() {
     );
 }
 
-#[test]
-fn two_gateways_claiming_one_service_the_second_is_refused() {
+#[tokio::test]
+async fn two_gateways_claiming_one_service_the_second_is_refused() {
     let mut h = Harness::new();
     h.write("gw.yaml", GATEWAY);
     let second = GATEWAY
@@ -314,7 +314,7 @@ fn two_gateways_claiming_one_service_the_second_is_refused() {
             "  uid: 7a1b\n  annotations:\n    gateway.istio.io/name-override: waypoint\n",
         );
     h.write("other.yaml", &second);
-    let report = h.reconcile();
+    let report = h.reconcile().await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     // The Gateway first by key (shop/other) keeps the name; shop/waypoint is refused.
     let Some(Object::Service(s)) = h.object(Kind::Service, "waypoint") else {
