@@ -22,13 +22,15 @@
 //!   enrolled.
 //!
 //! Operations are serialized (one lock over the records), so no two operations on a pod
-//! ever overlap. The `ambient.istio.io/redirection` status lives in the state file, not on
-//! the Pod: the local mode has no API server to write it to.
+//! ever overlap. The `ambient.istio.io/redirection` status lives in the state file; on
+//! Kubernetes ([`AgentOptions::annotator`]) it is also written to the Pod (`annotate`).
 
+mod annotate;
 mod cluster;
 mod ops;
 mod readyz;
 
+pub use annotate::{PodAnnotator, REDIRECTION_ANNOTATION};
 pub use readyz::serve_probes;
 
 use std::collections::BTreeMap;
@@ -65,6 +67,9 @@ pub struct AgentOptions {
     /// This node; enables the `/proc` lookup of unrecorded selected pods on it.
     pub node_name: Option<String>,
     pub host_proc: PathBuf,
+    /// Writes the redirection status to the Pods (Kubernetes); `None` keeps it in the state
+    /// file only.
+    pub annotator: Option<PodAnnotator>,
 }
 
 impl AgentOptions {
@@ -77,6 +82,7 @@ impl AgentOptions {
             reconcile_on_start: true,
             node_name: None,
             host_proc: PathBuf::from("/proc"),
+            annotator: None,
         }
     }
 
@@ -88,6 +94,7 @@ impl AgentOptions {
             reconcile_on_start: config.reconcile_on_start,
             node_name: config.node_name.clone(),
             host_proc: config.host_proc.clone(),
+            annotator: None,
         }
     }
 }

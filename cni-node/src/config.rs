@@ -5,7 +5,8 @@
 //!
 //! | variable | default | meaning |
 //! | --- | --- | --- |
-//! | `CLUSTER_CONFIG_DIR` (or `--cluster-config-dir`) | required | directory of Kubernetes YAML (Pods, Namespaces) the agent watches; the same directory istiod reads as `ISTIOD_CONFIG_DIR` |
+//! | `CLUSTER_CONFIG_DIR` (or `--cluster-config-dir`) | unset | directory of Kubernetes YAML (Pods, Namespaces) the agent watches; the same directory istiod reads as `ISTIOD_CONFIG_DIR` |
+//! | `KUBECONFIG` | unset | without `CLUSTER_CONFIG_DIR`: the API server to watch (else the in-cluster configuration, when `KUBERNETES_SERVICE_HOST` is set); `NODE_NAME` is then required |
 //! | `INPOD_UDS` | `/var/run/ztunnel/ztunnel.sock` | ZDS socket ztunnel connects to (ztunnel's variable of the same name) |
 //! | `PLUGIN_EVENT_SOCKET` | `/var/run/istio-cni/pluginevent.sock` | where the CNI plugin posts ADD events |
 //! | `AGENT_STATE_DIR` | `/var/run/istio-cni/state` | the agent's pod records (`pods.json`); under the chart's `/var/run/istio-cni` hostPath, cleared on reboot with the netns it names |
@@ -35,6 +36,8 @@ pub const EXCLUDED_NAMESPACES: &str = "EXCLUDED_NAMESPACES";
 pub const AMBIENT_DNS_CAPTURE: &str = "AMBIENT_DNS_CAPTURE";
 pub const AMBIENT_RECONCILE_POD_RULES_ON_STARTUP: &str = "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP";
 pub const NODE_NAME: &str = "NODE_NAME";
+pub const KUBECONFIG: &str = "KUBECONFIG";
+pub const KUBERNETES_SERVICE_HOST: &str = "KUBERNETES_SERVICE_HOST";
 pub const HOST_PROC: &str = "HOST_PROC";
 /// How pods are captured: `nftables` (default) or `ebpf`.
 pub const REDIRECTION_MODE: &str = "REDIRECTION_MODE";
@@ -57,7 +60,10 @@ pub const DEFAULT_READINESS_ADDR: &str = "0.0.0.0:8000";
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Config {
-    pub cluster_config_dir: PathBuf,
+    /// The local mode's YAML directory; `None` on Kubernetes.
+    pub cluster_config_dir: Option<PathBuf>,
+    /// On Kubernetes: the kubeconfig (`None`: in-cluster).
+    pub kubeconfig: Option<PathBuf>,
     pub zds_socket: PathBuf,
     pub plugin_event_socket: PathBuf,
     pub state_dir: PathBuf,
@@ -192,16 +198,22 @@ impl Config {
             vars: vars.into_iter().collect(),
             errors: Vec::new(),
         };
-        let cluster_config_dir = match v.get(CLUSTER_CONFIG_DIR) {
-            Some(dir) => PathBuf::from(dir),
-            None => {
+        let cluster_config_dir = v.get(CLUSTER_CONFIG_DIR).map(PathBuf::from);
+        let kubeconfig = v.get(KUBECONFIG).map(PathBuf::from);
+        let in_cluster = v.get(KUBERNETES_SERVICE_HOST).is_some();
+        if cluster_config_dir.is_none() {
+            if kubeconfig.is_none() && !in_cluster {
                 v.errors.push(VarError {
                     var: CLUSTER_CONFIG_DIR,
-                    problem: "not set; point it (or --cluster-config-dir) at the directory of cluster YAML".to_string(),
+                    problem: "not set, and there is no Kubernetes API to watch (KUBECONFIG or KUBERNETES_SERVICE_HOST); point it (or --cluster-config-dir) at the directory of cluster YAML".to_string(),
                 });
-                PathBuf::new()
+            } else if v.get(NODE_NAME).is_none() {
+                v.errors.push(VarError {
+                    var: NODE_NAME,
+                    problem: "required on Kubernetes: the agent watches the pods of its node (set it from spec.nodeName)".to_string(),
+                });
             }
-        };
+        }
         let excluded_namespaces: BTreeSet<String> = match v.get(EXCLUDED_NAMESPACES) {
             Some(list) => list
                 .split(',')
@@ -219,6 +231,7 @@ impl Config {
         let readiness_addr = v.addr(AGENT_READINESS_ADDR, DEFAULT_READINESS_ADDR);
         let config = Config {
             cluster_config_dir,
+            kubeconfig,
             zds_socket: v.path(INPOD_UDS, DEFAULT_ZDS_SOCKET),
             plugin_event_socket: v.path(PLUGIN_EVENT_SOCKET, crate::event::PLUGIN_EVENT_SOCKET),
             state_dir: v.path(AGENT_STATE_DIR, DEFAULT_STATE_DIR),
@@ -253,7 +266,7 @@ mod tests {
     #[test]
     fn defaults() {
         let config = Config::from_vars(vars(&[(CLUSTER_CONFIG_DIR, "/etc/mesh")])).expect("ok");
-        assert_eq!(config.cluster_config_dir, PathBuf::from("/etc/mesh"));
+        assert_eq!(config.cluster_config_dir, Some(PathBuf::from("/etc/mesh")));
         assert_eq!(
             config.zds_socket,
             PathBuf::from("/var/run/ztunnel/ztunnel.sock")
@@ -316,5 +329,20 @@ mod tests {
             err.to_string().contains("\"maybe\" is not a boolean"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn kubernetes_mode_needs_the_node_name() {
+        let err = Config::from_vars(vars(&[(KUBECONFIG, "/k")])).expect_err("no node");
+        assert!(err.to_string().contains(NODE_NAME), "{err}");
+        let config = Config::from_vars(vars(&[
+            (KUBERNETES_SERVICE_HOST, "10.96.0.1"),
+            (NODE_NAME, "n1"),
+        ]))
+        .expect("in-cluster");
+        assert_eq!((config.cluster_config_dir, config.kubeconfig), (None, None));
+        let config =
+            Config::from_vars(vars(&[(KUBECONFIG, "/k"), (NODE_NAME, "n1")])).expect("kubeconfig");
+        assert_eq!(config.kubeconfig, Some(PathBuf::from("/k")));
     }
 }

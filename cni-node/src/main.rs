@@ -10,7 +10,8 @@
 //!     it out
 //! ```
 //!
-//! The agent watches the cluster YAML directory (`CLUSTER_CONFIG_DIR`), serves the plugin's
+//! The agent watches the cluster YAML directory (`CLUSTER_CONFIG_DIR`), or on Kubernetes the
+//! pods of its node and all namespaces (writing `ambient.istio.io/redirection`), serves the plugin's
 //! events (`PLUGIN_EVENT_SOCKET`) and ztunnel's ZDS connections (`INPOD_UDS`), keeps its pod
 //! records in `AGENT_STATE_DIR`, and answers `/readyz` (`AGENT_READINESS_ADDR`) once the
 //! source synced and the recorded pods were reconciled. SIGTERM/SIGINT stop it and leave
@@ -20,7 +21,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use cni_node::agent::{serve_probes, Agent, AgentOptions};
+use cni_node::agent::{serve_probes, Agent, AgentOptions, PodAnnotator};
 use cni_node::config::{Config, RedirectionMode, AGENT_STATE_DIR, DEFAULT_STATE_DIR};
 use cni_node::event::{self, CniAddHandler};
 use cni_node::redirect::{
@@ -28,7 +29,8 @@ use cni_node::redirect::{
 };
 use cni_node::state::{render_table, StateStore};
 use cni_node::zds_server::ZdsServer;
-use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource};
+use mesh_api::Kind;
+use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource, KubeOptions, KubeSource};
 use tracing::{error, info};
 
 const USAGE: &str = "usage:
@@ -263,20 +265,39 @@ fn ebpf_redirector() -> Result<Arc<dyn Redirector>, String> {
     Err("REDIRECTION_MODE=ebpf, but this cni-node was built without the ebpf feature".into())
 }
 
+/// What the agent watches on Kubernetes, as istio-cni: the pods of its node, all namespaces.
+fn node_agent_watches(node: Option<&str>) -> KubeOptions {
+    KubeOptions {
+        kinds: vec![Kind::Namespace, Kind::Pod],
+        pod_field_selector: node.map(|n| format!("spec.nodeName={n}")),
+        ..KubeOptions::default()
+    }
+}
+
 async fn serve(config: Config) -> Result<(), String> {
     let shutdown = mesh_runtime::signal::on_signals()
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let redirector = redirector(&config)?;
     let zds = ZdsServer::bind(&config.zds_socket).map_err(|e| e.to_string())?;
-    let agent = Agent::new(AgentOptions::from_config(&config), redirector, zds.handle());
+    let mut options = AgentOptions::from_config(&config);
+    let source: Box<dyn ClusterSource> = match &config.cluster_config_dir {
+        Some(dir) => Box::new(DirectorySource::new(dir, DirectoryOptions::default())),
+        None => {
+            let client = mesh_kube::client(config.kubeconfig.as_deref())
+                .await
+                .map_err(|e| e.to_string())?;
+            options.annotator = Some(PodAnnotator::spawn(client.clone()));
+            Box::new(KubeSource::new(
+                client,
+                node_agent_watches(config.node_name.as_deref()),
+            ))
+        }
+    };
+    let agent = Agent::new(options, redirector, zds.handle());
     // Before ztunnel can be accepted: recorded pods must be in its first snapshot.
     agent.restore().await.map_err(|e| e.to_string())?;
 
     let (tx, events) = tokio::sync::mpsc::channel(1024);
-    let source = Box::new(DirectorySource::new(
-        &config.cluster_config_dir,
-        DirectoryOptions::default(),
-    ));
     tokio::spawn(source.run(tx));
     let zds_task = tokio::spawn(zds.run(shutdown.clone().wait()));
 

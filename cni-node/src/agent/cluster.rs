@@ -76,6 +76,11 @@ impl ClusterView {
             .collect()
     }
 
+    /// Keys of every pod known.
+    pub(crate) fn pod_keys(&self) -> Vec<PodKey> {
+        self.lock().pods.keys().cloned().collect()
+    }
+
     /// Keys of pods scheduled on `node`.
     pub(crate) fn pods_on(&self, node: &str) -> Vec<PodKey> {
         self.lock()

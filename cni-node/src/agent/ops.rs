@@ -74,6 +74,30 @@ fn save(inner: &Inner, records: &Records) {
 fn put(inner: &Inner, records: &mut Records, record: &PodRecord) {
     records.insert(key_of(record), record.clone());
     save(inner, records);
+    annotate(inner, key_of(record), record.redirection);
+}
+
+/// Shows `value` on the pod `key` (Kubernetes), unless it already does.
+fn annotate(inner: &Inner, key: PodKey, value: Option<Redirection>) {
+    let Some(annotator) = &inner.options.annotator else {
+        return;
+    };
+    match inner.cluster.pod(&key) {
+        Some(pod) if !super::annotate::shows(&pod, value) => annotator.set(key, value),
+        _ => {}
+    }
+}
+
+/// Every pod in the cluster view shows what its record says (after a restart, a pod may
+/// carry an annotation from before, or miss one).
+fn sync_annotations(inner: &Inner, records: &Records) {
+    if inner.options.annotator.is_none() {
+        return;
+    }
+    for key in inner.cluster.pod_keys() {
+        let value = records.get(&key).and_then(|r| r.redirection);
+        annotate(inner, key, value);
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -296,6 +320,7 @@ pub(super) async fn reconcile_all(inner: &Inner) {
         keys.extend(inner.cluster.pods_on(node));
     }
     reconcile_keys(inner, keys.into_iter().collect()).await;
+    sync_annotations(inner, &*inner.records.lock().await);
 }
 
 /// Reconciles the pods of a namespace whose labels changed.

@@ -275,6 +275,21 @@ impl Store {
         let next = if status_only {
             let mut next = current.clone();
             next["status"] = obj.get("status").cloned().unwrap_or(Value::Null);
+            // The pod status strategy keeps labels and annotations written through
+            // pods/status (istio-cni writes its redirection annotation there); every other
+            // status write changes the status only.
+            if rt.group.is_empty() && rt.plural == "pods" {
+                for f in ["labels", "annotations"] {
+                    match obj["metadata"].get(f) {
+                        Some(v) if !v.is_null() => next["metadata"][f] = v.clone(),
+                        _ => {
+                            if let Some(m) = next["metadata"].as_object_mut() {
+                                m.remove(f);
+                            }
+                        }
+                    }
+                }
+            }
             next
         } else {
             // System fields are the server's; with a status subresource, status is too.
