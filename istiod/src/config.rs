@@ -78,6 +78,10 @@ pub struct Config {
     #[arg(long, env = "ISTIOD_MONITORING_ADDR", default_value = "0.0.0.0:15014")]
     pub monitoring_addr: SocketAddr,
 
+    /// The validating admission webhook (`/validate`, TLS with the serving certificate).
+    #[arg(long, env = "ISTIOD_WEBHOOK_ADDR", default_value = "0.0.0.0:15017")]
+    pub webhook_addr: SocketAddr,
+
     /// Debug endpoints (`/debug/syncz`, `/debug/configz`) and `/ready`.
     #[arg(long, env = "ISTIOD_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,

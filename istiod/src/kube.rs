@@ -8,6 +8,7 @@ use mesh_kube::{LeaderElection, LockKind};
 use tokio::sync::watch;
 
 pub mod root_cert;
+pub mod validation_config;
 
 /// The lock of the namespace controller (root certificate distribution), a ConfigMap.
 pub const NAMESPACE_CONTROLLER_LOCK: &str = "istio-namespace-controller-election";
@@ -28,6 +29,14 @@ pub struct Controllers {
 impl Controllers {
     /// Runs until `stop` resolves; a leader then releases its locks.
     pub async fn run(self, stop: impl Future<Output = ()>) {
+        // Every replica keeps its webhook configurations (the same values: no lock).
+        let webhooks = tokio::spawn(validation_config::run(
+            self.client.clone(),
+            self.revision.clone(),
+            self.namespace.clone(),
+            self.root_cert_pem.clone(),
+        ));
+        let _stop_webhooks = AbortOnDrop(webhooks);
         let (_root_tx, root_rx) = watch::channel(self.root_cert_pem.clone());
         let client = self.client.clone();
         let root_certs = move || root_cert::run(client.clone(), root_rx.clone());
@@ -48,5 +57,13 @@ impl Controllers {
         .with_holder_key(&self.revision)
         .run(root_certs, stop)
         .await;
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

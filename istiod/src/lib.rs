@@ -14,4 +14,5 @@ pub mod model;
 pub mod push;
 pub mod server;
 pub mod serving_tls;
+pub mod webhook;
 pub mod xds;

@@ -52,6 +52,11 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Http(#[from] mesh_runtime::http::HttpError),
+    #[error("webhook server on {addr}: {source}")]
+    Webhook {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("gRPC server on {addr}: {source}")]
     Grpc {
         addr: SocketAddr,
@@ -77,6 +82,7 @@ impl ServerError {
             ServerError::Bind { .. } => "bind",
             ServerError::Http(_) => "http",
             ServerError::Grpc { .. } => "grpc",
+            ServerError::Webhook { .. } => "webhook",
             ServerError::StateDir { .. } => "state_dir",
             ServerError::Kube(_) => "kube",
             ServerError::ServingTls(e) => e.reason(),
@@ -91,6 +97,8 @@ pub struct Running {
     pub secure_grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub monitoring_addr: SocketAddr,
+    /// The validating webhook (TLS).
+    pub webhook_addr: SocketAddr,
     /// PEM of the root that signs workload and serving certificates.
     pub root_cert_pem: String,
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
@@ -255,6 +263,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         config.serving_ips.clone(),
     )?;
     let tls = serving.server_config()?;
+    let webhook_tls = serving.server_config_with_alpn(vec![b"http/1.1".to_vec()])?;
     // Renew istiod's own certificate at half-life until shutdown.
     let sd = shutdown.clone();
     tasks.spawn(async move {
@@ -296,6 +305,23 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     let monitoring = BoundServer::bind(config.monitoring_addr).await?;
     let http_addr = http.local_addr();
     let monitoring_addr = monitoring.local_addr();
+    let webhook = bind(config.webhook_addr).await?;
+    let webhook_addr = local(&webhook, config.webhook_addr);
+    let listener = crate::webhook::TlsListener {
+        incoming: tls_incoming(webhook, webhook_tls),
+        addr: webhook_addr,
+    };
+    let sd = shutdown.clone();
+    tasks.spawn(async move {
+        tracing::info!(addr = %webhook_addr, "validating webhook (TLS) listening");
+        axum::serve(listener, crate::webhook::router())
+            .with_graceful_shutdown(sd.wait())
+            .await
+            .map_err(|source| ServerError::Webhook {
+                addr: webhook_addr,
+                source,
+            })
+    });
     let debug_router = debug::router(views, readiness.clone());
     let sd = shutdown.clone();
     tasks.spawn(async move { Ok(http.serve(debug_router, sd).await?) });
@@ -308,6 +334,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         secure_grpc_addr,
         http_addr,
         monitoring_addr,
+        webhook_addr,
         root_cert_pem: ca.root_cert_pem().to_string(),
         snapshots,
         trigger,

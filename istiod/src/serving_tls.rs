@@ -102,12 +102,20 @@ impl ServingCerts {
 
     /// A rustls server configuration (TLS 1.2 and 1.3, ALPN h2) serving the current certificate.
     pub fn server_config(self: &Arc<Self>) -> Result<rustls::ServerConfig, ServingTlsError> {
+        self.server_config_with_alpn(vec![b"h2".to_vec()])
+    }
+
+    /// The same with other ALPN protocols (the webhooks speak HTTP/1.1).
+    pub fn server_config_with_alpn(
+        self: &Arc<Self>,
+        alpn: Vec<Vec<u8>>,
+    ) -> Result<rustls::ServerConfig, ServingTlsError> {
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(ServingTlsError::Config)?
             .with_no_client_auth()
             .with_cert_resolver(Arc::new(Resolver(Arc::clone(self))));
-        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        cfg.alpn_protocols = alpn;
         Ok(cfg)
     }
 }

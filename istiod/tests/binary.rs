@@ -63,6 +63,7 @@ fn becomes_ready_then_drains_on_sigterm() {
         .arg(format!("--grpc-addr=127.0.0.1:{}", free_port()))
         .arg(format!("--secure-grpc-addr=127.0.0.1:{}", free_port()))
         .arg(format!("--monitoring-addr=127.0.0.1:{}", free_port()))
+        .arg(format!("--webhook-addr=127.0.0.1:{}", free_port()))
         .arg(format!("--http-addr=127.0.0.1:{http}"))
         .stderr(Stdio::null())
         .spawn()

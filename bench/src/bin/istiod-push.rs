@@ -113,6 +113,7 @@ fn start_istiod(args: &Args, dir: &Path, state: &Path, tokens: &Path) -> anyhow:
         .arg(format!("--grpc-addr=127.0.0.1:{}", p + 10))
         .arg(format!("--secure-grpc-addr=127.0.0.1:{}", p + 12))
         .arg(format!("--monitoring-addr=127.0.0.1:{}", p + 14))
+        .arg(format!("--webhook-addr=127.0.0.1:{}", p + 17))
         .arg(format!("--http-addr=127.0.0.1:{}", p + 80))
         .env(
             "RUST_LOG",

@@ -118,6 +118,20 @@ pub fn core_types() -> Vec<ResourceType> {
         ),
         ResourceType::new("apps", "v1", "deployments", "Deployment", true).with_status(),
         ResourceType::new("coordination.k8s.io", "v1", "leases", "Lease", true),
+        ResourceType::new(
+            "admissionregistration.k8s.io",
+            "v1",
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+            false,
+        ),
+        ResourceType::new(
+            "admissionregistration.k8s.io",
+            "v1",
+            "mutatingwebhookconfigurations",
+            "MutatingWebhookConfiguration",
+            false,
+        ),
     ]
 }
 

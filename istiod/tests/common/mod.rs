@@ -21,6 +21,7 @@ pub async fn start_istiod(flags: &[String], state: &Path) -> Running {
         "--secure-grpc-addr=127.0.0.1:0".into(),
         "--http-addr=127.0.0.1:0".into(),
         "--monitoring-addr=127.0.0.1:0".into(),
+        "--webhook-addr=127.0.0.1:0".into(),
         "--debounce-after=50ms".into(),
     ];
     args.extend(flags.iter().cloned());

@@ -154,6 +154,7 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .map(|v| v.split(';').next().unwrap_or(v).trim().to_string())
         .unwrap_or_default();
+    let dry_run = q.get("dryRun").is_some_and(|d| d == "All");
     match (method, &target.name) {
         (Method::GET, None) if q.get("watch").is_some_and(|w| w == "true" || w == "1") => {
             watch(shared, &target, &q)
@@ -166,24 +167,24 @@ async fn handle(
                 Err(e) => error(&e),
             }
         }
-        (Method::POST, None) => write(shared, |store| {
+        (Method::POST, None) => write(shared, dry_run, |store| {
             let obj: Value = serde_json::from_slice(&body)
                 .map_err(|e| ApiStatus::new(400, "BadRequest", e.to_string()))?;
             let (o, ev) = store.create(&target.key, &target.namespace, obj)?;
             Ok((201, o, Some(ev)))
         }),
-        (Method::PUT, Some(name)) => write(shared, |store| {
+        (Method::PUT, Some(name)) => write(shared, dry_run, |store| {
             let obj: Value = serde_json::from_slice(&body)
                 .map_err(|e| ApiStatus::new(400, "BadRequest", e.to_string()))?;
             check_status_target(store, &target)?;
             let (o, ev) = store.update(&target.key, &target.namespace, name, obj, target.status)?;
             Ok((200, o, ev))
         }),
-        (Method::PATCH, Some(name)) => write(shared, |store| {
+        (Method::PATCH, Some(name)) => write(shared, dry_run, |store| {
             check_status_target(store, &target)?;
             patch(store, &target, name, &content_type, &q, &body)
         }),
-        (Method::DELETE, Some(name)) => write(shared, |store| {
+        (Method::DELETE, Some(name)) => write(shared, dry_run, |store| {
             let (o, ev) = store.delete(&target.key, &target.namespace, name)?;
             Ok((200, o, Some(ev)))
         }),
@@ -207,12 +208,24 @@ fn check_status_target(store: &super::store::Store, target: &Target) -> Result<(
     Ok(())
 }
 
-/// Runs a write under the store lock, then tells the watches.
+type WriteResult = Result<(u16, Value, Option<WatchEvent>), ApiStatus>;
+
+/// Runs a write under the store lock, then tells the watches. A dry run (`dryRun=All`) is
+/// checked and answered as the write would be, on a copy that is thrown away.
 fn write(
     shared: &Shared,
-    f: impl FnOnce(&mut super::store::Store) -> Result<(u16, Value, Option<WatchEvent>), ApiStatus>,
+    dry_run: bool,
+    f: impl FnOnce(&mut super::store::Store) -> WriteResult,
 ) -> Response {
     let mut store = lock(&shared.store);
+    if dry_run {
+        let mut copy = store.clone();
+        drop(store);
+        return match f(&mut copy) {
+            Ok((code, obj, _)) => respond(code, &obj),
+            Err(e) => error(&e),
+        };
+    }
     match f(&mut store) {
         Ok((code, obj, ev)) => {
             drop(store);

@@ -53,7 +53,7 @@ pub fn resource_key(group: &str, version: &str, plural: &str) -> String {
     format!("{group}/{version}/{plural}")
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Store {
     pub types: BTreeMap<String, ResourceType>,
     /// resource key -> (namespace, name) -> object.

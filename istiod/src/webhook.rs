@@ -1,0 +1,213 @@
+//! The validating admission webhook, served as Istio serves it: `POST /validate` on 15017 over
+//! TLS with istiod's CA-signed serving certificate, AdmissionReview `admission.k8s.io/v1`.
+//!
+//! Objects of Istio's configuration groups (`networking.istio.io`, `security.istio.io`,
+//! `telemetry.istio.io`, `extensions.istio.io`) are decoded as the mesh decodes them; one
+//! that does not decode is denied with the problem named. Kinds the mesh does not read are
+//! allowed, except the `networking.istio.io` Gateway, which must list at least one server
+//! (the check Istio's own fail-close probe relies on). Deletes are always allowed. A body that
+//! is not an AdmissionReview gets 400.
+
+use std::net::SocketAddr;
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use mesh_api::Object;
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+
+/// The webhook's name in Istio's ValidatingWebhookConfiguration; the API server quotes it when
+/// the webhook denies a request.
+pub const WEBHOOK_NAME: &str = "validation.istio.io";
+
+/// The groups whose objects are validated.
+pub const VALIDATED_GROUPS: [&str; 4] = [
+    "networking.istio.io",
+    "security.istio.io",
+    "telemetry.istio.io",
+    "extensions.istio.io",
+];
+
+/// `/validate` (and `/validate/<anything>`, as Istio accepts).
+pub fn router() -> Router {
+    Router::new()
+        .route("/validate", post(validate_handler))
+        .route("/validate/{*rest}", post(validate_handler))
+}
+
+async fn validate_handler(body: Bytes) -> Response {
+    match review(&body) {
+        Ok(answer) => Json(answer).into_response(),
+        Err(message) => {
+            tracing::warn!(%message, "bad admission review");
+            (StatusCode::BAD_REQUEST, message).into_response()
+        }
+    }
+}
+
+/// The AdmissionReview answering `body`, or why `body` is not one.
+pub fn review(body: &[u8]) -> Result<Value, String> {
+    let review: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    let api_version = review["apiVersion"].as_str().unwrap_or_default();
+    if review["kind"] != "AdmissionReview" || api_version != "admission.k8s.io/v1" {
+        return Err(format!(
+            "expected an admission.k8s.io/v1 AdmissionReview, got kind {} apiVersion {api_version:?}",
+            review["kind"]
+        ));
+    }
+    let request = review
+        .get("request")
+        .filter(|r| r.is_object())
+        .ok_or("the AdmissionReview has no request")?;
+    let uid = request["uid"]
+        .as_str()
+        .filter(|u| !u.is_empty())
+        .ok_or("the AdmissionReview request has no uid")?;
+    let verdict = if request["operation"] == "DELETE" {
+        Ok(())
+    } else {
+        validate(&request["object"])
+    };
+    let mut response = json!({"uid": uid, "allowed": verdict.is_ok()});
+    if let Err(message) = &verdict {
+        let name = format!(
+            "{}/{}",
+            request["namespace"].as_str().unwrap_or_default(),
+            request["name"].as_str().unwrap_or_default()
+        );
+        tracing::info!(object = %name, kind = %request["kind"]["kind"], %message, "denied invalid configuration");
+        response["status"] =
+            json!({"status": "Failure", "message": message, "reason": "BadRequest", "code": 400});
+    }
+    Ok(json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    }))
+}
+
+/// Whether the mesh accepts `object`.
+pub fn validate(object: &Value) -> Result<(), String> {
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    if !VALIDATED_GROUPS.contains(&group) {
+        return Ok(());
+    }
+    if group == "networking.istio.io" && object["kind"] == "Gateway" {
+        let servers = object["spec"]["servers"].as_array().map_or(0, Vec::len);
+        return match servers {
+            0 => Err("gateway must have at least one server".into()),
+            _ => Ok(()),
+        };
+    }
+    match Object::from_value(object.clone()) {
+        Ok(_) => Ok(()),
+        // A kind of these groups the mesh does not read (Sidecar, EnvoyFilter, ...).
+        Err(mesh_api::ApiError::UnsupportedKind { .. }) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// TLS connections as an axum listener.
+pub struct TlsListener {
+    pub incoming: mpsc::Receiver<Result<TlsStream<TcpStream>, std::io::Error>>,
+    pub addr: SocketAddr,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.incoming.recv().await {
+                Some(Ok(tls)) => {
+                    let peer = tls.get_ref().0.peer_addr().unwrap_or(self.addr);
+                    return (tls, peer);
+                }
+                Some(Err(e)) => tracing::debug!(error = %e, "webhook connection failed"),
+                // The acceptor is gone: nothing more will come.
+                None => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.addr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admission(object: Value, operation: &str) -> Vec<u8> {
+        serde_json::to_vec(
+            &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "operation": operation, "namespace": "default", "name": "x",
+                "kind": {"group": "", "version": "v1", "kind": "x"}, "object": object}}),
+        )
+        .expect("json")
+    }
+
+    #[test]
+    fn decodes_istio_config_and_denies_what_the_mesh_cannot_read() {
+        let good = json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "x", "namespace": "default"}, "spec": {"action": "ALLOW"}});
+        let bad = json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "x", "namespace": "default"}, "spec": {"action": 7}});
+        let answer = review(&admission(good, "CREATE")).expect("review");
+        assert_eq!(answer["response"]["allowed"], true);
+        assert_eq!(answer["response"]["uid"], "u-1");
+        let answer = review(&admission(bad.clone(), "UPDATE")).expect("review");
+        assert_eq!(answer["response"]["allowed"], false);
+        let message = answer["response"]["status"]["message"]
+            .as_str()
+            .expect("message");
+        assert!(message.contains("spec.action"), "{message}");
+        // Deleting is always allowed; other groups and unread Istio kinds pass.
+        let answer = review(&admission(bad, "DELETE")).expect("review");
+        assert_eq!(answer["response"]["allowed"], true);
+        for other in [
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
+            json!({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "x"}}),
+        ] {
+            assert_eq!(
+                review(&admission(other, "CREATE")).expect("review")["response"]["allowed"],
+                true
+            );
+        }
+        let gw = json!({"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+            "metadata": {"name": "invalid-gateway"}, "spec": {}});
+        let answer = review(&admission(gw, "CREATE")).expect("review");
+        assert_eq!(answer["response"]["allowed"], false);
+    }
+
+    #[test]
+    fn what_is_not_an_admission_review_is_named() {
+        for (body, needle) in [
+            (&b"{nope"[..], "not JSON"),
+            (
+                br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1beta1"}"#,
+                "v1beta1",
+            ),
+            (
+                br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1"}"#,
+                "no request",
+            ),
+            (
+                br#"{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","request":{}}"#,
+                "no uid",
+            ),
+        ] {
+            let err = review(body).expect_err(needle);
+            assert!(err.contains(needle), "{err}");
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The validating webhook: AdmissionReview v1 round trips over TLS on istiod's webhook port
+//! (verified against istiod's root, as the API server verifies with the caBundle), and the
+//! ValidatingWebhookConfiguration kept with the caBundle and Istio's failurePolicy rule.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+mod common;
+
+use istiod::server::Running;
+use mesh_testutil::kube_api::{core_types, FakeApiServer, ResourceType};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Cluster {
+    api: FakeApiServer,
+    istiod: Running,
+    _files: (tempfile::NamedTempFile, tempfile::TempDir),
+}
+
+fn webhook_configuration() -> Value {
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "istio-validator-istio-system", "labels": {"istio.io/rev": "default"}},
+        "webhooks": [{"name": "rev.validation.istio.io",
+            "clientConfig": {"service": {"name": "istiod", "namespace": "istio-system", "path": "/validate"}},
+            "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["networking.istio.io"],
+                "apiVersions": ["*"], "resources": ["*"]}],
+            "failurePolicy": "Ignore", "sideEffects": "None", "admissionReviewVersions": ["v1"]}]})
+}
+
+/// istiod on a fake API server holding Istio's webhook configuration (and, with
+/// `istio_gateway_crd`, the networking.istio.io Gateway CRD).
+async fn cluster(istio_gateway_crd: bool) -> Cluster {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut types = core_types();
+    if istio_gateway_crd {
+        types.push(ResourceType::custom(
+            "networking.istio.io",
+            "v1",
+            "gateways",
+            "Gateway",
+            true,
+        ));
+    }
+    let api = FakeApiServer::start(types).await.expect("fake API server");
+    api.seed(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}),
+    )
+    .expect("namespace");
+    api.seed(webhook_configuration())
+        .expect("webhook configuration");
+    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
+    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let state = tempfile::tempdir().expect("state");
+    let flags = [format!("--kubeconfig={}", kubeconfig.path().display())];
+    let istiod = common::start_istiod(&flags, state.path()).await;
+    Cluster {
+        api,
+        istiod,
+        _files: (kubeconfig, state),
+    }
+}
+
+/// POSTs `body` to `path` over TLS, verifying istiod's certificate for istiod.istio-system.svc
+/// against its root; returns the status code and the body.
+async fn post(r: &Running, path: &str, body: &[u8]) -> (u16, String) {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::pem::PemObject::pem_slice_iter(r.root_cert_pem.as_bytes()) {
+        roots.add(cert.expect("root pem")).expect("root");
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(r.webhook_addr)
+        .await
+        .expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("istiod.istio-system.svc").expect("name");
+    let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: istiod.istio-system.svc\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.expect("write");
+    tls.write_all(body).await.expect("write body");
+    let mut response = Vec::new();
+    let _ = tls.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+fn review(uid: &str, object: Value) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": uid, "operation": "CREATE", "namespace": "shop", "name": "x",
+            "kind": {"group": "networking.istio.io", "version": "v1", "kind": object["kind"]},
+            "object": object}}),
+    )
+    .expect("json")
+}
+
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !f() {
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The first webhook of Istio's configuration, as stored.
+fn webhook(api: &FakeApiServer) -> Value {
+    api.get(
+        "admissionregistration.k8s.io/v1",
+        "ValidatingWebhookConfiguration",
+        "",
+        "istio-validator-istio-system",
+    )
+    .map(|c| c["webhooks"][0].clone())
+    .unwrap_or(Value::Null)
+}
+
+fn ca_bundle(api: &FakeApiServer) -> Value {
+    webhook(api)["clientConfig"]["caBundle"].clone()
+}
+
+fn failure_policy(api: &FakeApiServer) -> Value {
+    webhook(api)["failurePolicy"].clone()
+}
+
+fn base64(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[tokio::test]
+async fn admission_reviews_over_tls_allow_valid_and_deny_invalid_config() {
+    let c = cluster(true).await;
+    let valid = json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": "reviews", "namespace": "shop"},
+        "spec": {"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "reviews"}}]}]}});
+    let (code, body) = post(&c.istiod, "/validate", &review("u1", valid)).await;
+    assert_eq!(code, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("AdmissionReview");
+    assert_eq!(answer["kind"], "AdmissionReview");
+    assert_eq!(answer["response"]["uid"], "u1");
+    assert_eq!(answer["response"]["allowed"], true);
+
+    let invalid = json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": "reviews", "namespace": "shop"}, "spec": {"hosts": "reviews"}});
+    let (code, body) = post(
+        &c.istiod,
+        "/validate/networking.istio.io/v1/virtualservices",
+        &review("u2", invalid),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("AdmissionReview");
+    assert_eq!(answer["response"]["allowed"], false);
+    let message = answer["response"]["status"]["message"]
+        .as_str()
+        .expect("message");
+    assert!(message.contains("spec.hosts"), "{message}");
+
+    let (code, body) = post(&c.istiod, "/validate", b"{\"kind\": \"Pod\"}").await;
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("AdmissionReview"), "{body}");
+
+    // The configuration gets the root as caBundle; the fake API server calls no webhooks, so
+    // the dry-run invalid Gateway is not denied and validation stays fail-open.
+    let bundle = base64(c.istiod.root_cert_pem.as_bytes());
+    eventually("the caBundle", || ca_bundle(&c.api) == bundle.as_str()).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(failure_policy(&c.api), "Ignore");
+    assert!(
+        c.api
+            .get(
+                "networking.istio.io/v1",
+                "Gateway",
+                "istio-system",
+                "invalid-gateway"
+            )
+            .is_none(),
+        "the probe is a dry run"
+    );
+    assert!(c.api.requests().iter().any(|r| r
+        .starts_with("POST /apis/networking.istio.io/v1/namespaces/istio-system/gateways?")
+        && r.contains("dryRun=All")));
+}
+
+#[tokio::test]
+async fn without_the_gateway_crd_validation_turns_fail_closed() {
+    let c = cluster(false).await;
+    let bundle = base64(c.istiod.root_cert_pem.as_bytes());
+    eventually("caBundle and Fail", || {
+        ca_bundle(&c.api) == bundle.as_str() && failure_policy(&c.api) == "Fail"
+    })
+    .await;
+}
