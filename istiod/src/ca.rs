@@ -137,6 +137,7 @@ type Issued = (Identity, Vec<String>);
 #[derive(Debug, Default)]
 pub struct CaStats {
     issued: AtomicU64,
+    authentication_failures: AtomicU64,
     refused: Mutex<BTreeMap<&'static str, u64>>,
 }
 
@@ -152,6 +153,11 @@ impl CaStats {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Refusals because the caller could not be authenticated.
+    pub fn authentication_failures(&self) -> u64 {
+        self.authentication_failures.load(Ordering::Relaxed)
     }
 
     /// Total refusals.
@@ -391,6 +397,11 @@ impl IstioCertificateService for CaService {
             }
             Err(e) => {
                 self.stats.record_refusal(e.reason());
+                if matches!(e, CaServiceError::Auth(_)) {
+                    self.stats
+                        .authentication_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 let remote = request.remote_addr().map(|a| a.to_string());
                 tracing::warn!(caller = ?caller_id, ?node, ?remote, reason = e.reason(), error = %e, "refused certificate request");
                 Err(e.into())

@@ -112,6 +112,59 @@ impl PushMetrics {
     }
 }
 
+/// Exposes the Kubernetes source's counters at scrape time: changes as Istio's
+/// `pilot_k8s_reg_events{type,event}` (add, update, delete), and re-lists, watch errors and
+/// undecodable objects by kind.
+#[derive(Debug)]
+pub struct KubeSourceCollector(pub Arc<mesh_source::KubeSourceStats>);
+
+impl Collector for KubeSourceCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let counts = self.0.snapshot();
+        let families = [
+            (
+                "pilot_k8s_reg_events",
+                "Changes the Kubernetes API source passed on, by kind and event",
+                &["add", "update", "delete"][..],
+            ),
+            (
+                "istiod_kube_relists",
+                "Lists started by the Kubernetes watchers (first sync, 410 Gone, reconnects)",
+                &["relist"][..],
+            ),
+            (
+                "istiod_kube_watch_errors",
+                "Kubernetes watch or list failures (retried with backoff)",
+                &["watch_error"][..],
+            ),
+            (
+                "istiod_kube_invalid_objects",
+                "Kubernetes objects that do not decode (their last good version is kept)",
+                &["invalid"][..],
+            ),
+        ];
+        for (name, help, events) in families {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (kind, event, n) in counts.iter().filter(|(_, e, _)| events.contains(e)) {
+                let kind = kind.as_str();
+                if events.len() > 1 {
+                    let labels = [("type", kind), ("event", *event)];
+                    ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+                } else {
+                    let labels = [("kind", kind)];
+                    ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Exposes the CA's counters at scrape time under Istio's `citadel_server_*` names.
 #[derive(Debug)]
 pub struct CaCollector(pub Arc<CaStats>);
@@ -131,13 +184,7 @@ impl Collector for CaCollector {
             (
                 "citadel_server_authentication_failure_count",
                 "CSRs refused because the caller could not be authenticated",
-                refused
-                    .iter()
-                    .filter(|(r, _)| {
-                        r.contains("token") || r.contains("authorization") || r.contains("bearer")
-                    })
-                    .map(|(_, n)| n)
-                    .sum(),
+                self.0.authentication_failures(),
             ),
         ];
         for (name, help, value) in simple {

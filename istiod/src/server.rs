@@ -23,7 +23,7 @@ use crate::auth::{Authenticator, RequireAuth, TokenFileAuthenticator, TokenRevie
 use crate::ca::{CaService, NodeLocator};
 use crate::config::Config;
 use crate::debug::{self, DebugViews};
-use crate::metrics::{CaCollector, PushMetrics};
+use crate::metrics::{CaCollector, KubeSourceCollector, PushMetrics};
 use crate::model::{Model, ModelConfig, Snapshot};
 use crate::push::{self, DebounceConfig, ModelEvent};
 use crate::serving_tls::{tls_incoming, ServingCerts, ServingTlsError};
@@ -392,12 +392,22 @@ fn start_pipeline(
     let push_metrics = metrics.register(PushMetrics::register);
     let errors: SourceErrors = Arc::default();
 
-    let dir = config.config_dir.clone();
+    let source: Option<Box<dyn ClusterSource>> = match (config.config_dir.clone(), kube) {
+        (Some(dir), _) => Some(Box::new(DirectorySource::new(
+            dir,
+            DirectoryOptions::default(),
+        ))),
+        (None, None) => None,
+        (None, Some(client)) => {
+            let source = KubeSource::new(client, KubeOptions::default());
+            let stats = source.stats();
+            metrics.register(|r| r.register_collector(Box::new(KubeSourceCollector(stats))));
+            Some(Box::new(source))
+        }
+    };
     tasks.spawn(async move {
-        let source: Box<dyn ClusterSource> = match (dir, kube) {
-            (Some(dir), _) => Box::new(DirectorySource::new(dir, DirectoryOptions::default())),
-            (None, None) => return Ok(()),
-            (None, Some(client)) => Box::new(KubeSource::new(client, KubeOptions::default())),
+        let Some(source) = source else {
+            return Ok(());
         };
         source.run(src_tx).await;
         Ok(())

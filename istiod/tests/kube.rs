@@ -9,6 +9,7 @@ mod common;
 use istiod::server::Running;
 use mesh_testutil::kube_api::{core_types, mesh_crd_types, FakeApiServer};
 use mesh_testutil::{namespace_yaml, pod_yaml, service_yaml, ClusterDir, PodSpec};
+use mesh_xds::XdsSnapshot;
 use serde_json::Value;
 
 const TOKENS: &str = "tokens:\n- token: node1-token\n  identity: spiffe://cluster.local/ns/istio-system/sa/ztunnel\n  node: node1\n";
@@ -121,6 +122,66 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
     )
     .await;
     assert!(gone.is_ok(), "the deleted pod leaves WDS");
+
+    // A compacted history and dropped watches force a re-list (410 Gone) of the kinds whose
+    // last resource version is gone (the Namespaces): counted, and it changes nothing.
+    let version = from_api.snapshots.borrow().version();
+    api.compact();
+    api.drop_watches();
+    let metric = |text: &str, series: &str| {
+        text.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let relisted = eventually_async(|| async {
+        let text = common::http_get(from_api.monitoring_addr, "/metrics").await;
+        metric(&text, "istiod_kube_relists_total{kind=\"Namespace\"}") >= 2
+    })
+    .await;
+    let text = common::http_get(from_api.monitoring_addr, "/metrics").await;
+    let kube_lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("kube") || l.contains("k8s"))
+        .collect();
+    assert!(
+        relisted,
+        "the Namespace watcher listed again: {kube_lines:#?}"
+    );
+    let text = common::http_get(from_api.monitoring_addr, "/metrics").await;
+    assert_eq!(
+        metric(
+            &text,
+            "pilot_k8s_reg_events_total{type=\"Pod\",event=\"delete\"}"
+        ),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "pilot_k8s_reg_events_total{type=\"Pod\",event=\"add\"}"
+        ),
+        3
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        from_api.snapshots.borrow().version(),
+        version,
+        "nothing changed"
+    );
+}
+
+async fn eventually_async<F: std::future::Future<Output = bool>>(mut f: impl FnMut() -> F) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < WAIT {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
 }
 
 /// Polls `f` until it holds (10 s).

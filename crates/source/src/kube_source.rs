@@ -50,6 +50,29 @@ impl Default for KubeOptions {
 pub struct KubeSource {
     client: Client,
     options: KubeOptions,
+    stats: Arc<KubeSourceStats>,
+}
+
+/// Counters of what the watchers saw, for the integrator to export as metrics.
+#[derive(Debug, Default)]
+pub struct KubeSourceStats {
+    /// (kind, event) -> count; events are `add`, `update`, `delete` (changes the source
+    /// passed on), `relist` (a list started: the first sync, or after a 410 or a reconnect),
+    /// `watch_error` and `invalid` (an object that does not decode).
+    counts: std::sync::Mutex<std::collections::BTreeMap<(Kind, &'static str), u64>>,
+}
+
+impl KubeSourceStats {
+    fn count(&self, kind: Kind, event: &'static str) {
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        *counts.entry((kind, event)).or_default() += 1;
+    }
+
+    /// Every (kind, event, count) so far.
+    pub fn snapshot(&self) -> Vec<(Kind, &'static str, u64)> {
+        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.iter().map(|((k, e), n)| (*k, *e, *n)).collect()
+    }
 }
 
 impl std::fmt::Debug for KubeSource {
@@ -62,7 +85,16 @@ impl std::fmt::Debug for KubeSource {
 
 impl KubeSource {
     pub fn new(client: Client, options: KubeOptions) -> Self {
-        KubeSource { client, options }
+        KubeSource {
+            client,
+            options,
+            stats: Arc::default(),
+        }
+    }
+
+    /// The watchers' counters (shared: read them while the source runs).
+    pub fn stats(&self) -> Arc<KubeSourceStats> {
+        Arc::clone(&self.stats)
     }
 }
 
@@ -119,10 +151,14 @@ impl ClusterSource for KubeSource {
                     kind,
                     self.options.clone(),
                     mtx.clone(),
+                    self.stats.clone(),
                 )));
             }
             drop(mtx);
-            let mut agg = Aggregator::new(self.options.kinds.iter().copied().collect());
+            let mut agg = Aggregator::new(
+                self.options.kinds.iter().copied().collect(),
+                self.stats.clone(),
+            );
             while let Some(msg) = mrx.recv().await {
                 for ev in agg.handle(msg) {
                     if tx.send(ev).await.is_err() {
@@ -146,7 +182,13 @@ async fn served(client: &Client, kind: Kind) -> bool {
     }
 }
 
-async fn watch_kind(client: Client, kind: Kind, options: KubeOptions, tx: mpsc::Sender<Msg>) {
+async fn watch_kind(
+    client: Client,
+    kind: Kind,
+    options: KubeOptions,
+    tx: mpsc::Sender<Msg>,
+    stats: Arc<KubeSourceStats>,
+) {
     if from_crd(kind) && !served(&client, kind).await {
         info!(kind = %kind, "kind not served (no CRD yet); looking again every {:?}", options.crd_poll);
         if tx.send(Msg::Absent(kind)).await.is_err() {
@@ -176,7 +218,10 @@ async fn watch_kind(client: Client, kind: Kind, options: KubeOptions, tx: mpsc::
                 }
             }
             // The watcher lists again after this (with backoff); the last state stays served.
-            Err(e) => warn!(kind = %kind, error = %e, "watch failed; retrying"),
+            Err(e) => {
+                stats.count(kind, "watch_error");
+                warn!(kind = %kind, error = %e, "watch failed; retrying");
+            }
         }
     }
 }
@@ -191,11 +236,13 @@ struct Aggregator {
     relisted_invalid: HashMap<Kind, BTreeSet<ObjectKey>>,
     unsynced: BTreeSet<Kind>,
     synced_sent: bool,
+    stats: Arc<KubeSourceStats>,
 }
 
 impl Aggregator {
-    fn new(kinds: BTreeSet<Kind>) -> Self {
+    fn new(kinds: BTreeSet<Kind>, stats: Arc<KubeSourceStats>) -> Self {
         Aggregator {
+            stats,
             known: HashMap::new(),
             relisting: HashMap::new(),
             invalid: HashMap::new(),
@@ -224,6 +271,9 @@ impl Aggregator {
                     .clone()
                     .unwrap_or_else(|| ObjectKey::new(kind, "", ""));
                 let new = self.invalid.insert(key.clone(), rv.clone()) != Some(rv);
+                if new {
+                    self.stats.count(kind, "invalid");
+                }
                 Err((key, new.then_some(e)))
             }
         }
@@ -259,6 +309,7 @@ impl Aggregator {
         };
         match ev {
             watcher::Event::Init => {
+                self.stats.count(kind, "relist");
                 self.relisting.insert(kind, HashMap::new());
             }
             watcher::Event::InitApply(obj) => match self.decode_once(kind, obj) {
@@ -280,6 +331,7 @@ impl Aggregator {
                     .collect();
                 for key in vanished {
                     self.known.remove(&key);
+                    self.stats.count(kind, "delete");
                     out.push(SourceEvent::Deleted(key));
                 }
                 for (key, obj) in listed {
@@ -301,6 +353,7 @@ impl Aggregator {
                 let key = ObjectKey::new(kind, ns, obj.metadata.name.clone().unwrap_or_default());
                 self.invalid.remove(&key);
                 if self.known.remove(&key).is_some() {
+                    self.stats.count(kind, "delete");
                     out.push(SourceEvent::Deleted(key));
                 }
             }
@@ -309,9 +362,12 @@ impl Aggregator {
     }
 
     fn apply(&mut self, key: ObjectKey, obj: Arc<Object>, out: &mut Vec<SourceEvent>) {
-        if self.known.get(&key).is_some_and(|old| **old == *obj) {
-            return;
-        }
+        let event = match self.known.get(&key) {
+            Some(old) if **old == *obj => return,
+            Some(_) => "update",
+            None => "add",
+        };
+        self.stats.count(key.kind, event);
         self.known.insert(key, obj.clone());
         out.push(SourceEvent::Applied(obj));
     }

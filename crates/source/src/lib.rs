@@ -45,7 +45,7 @@ use mesh_api::{Object, ObjectKey};
 
 pub use directory::{DirectoryOptions, DirectorySource};
 pub use error::{Problem, SourceError};
-pub use kube_source::{plural, KubeOptions, KubeSource};
+pub use kube_source::{plural, KubeOptions, KubeSource, KubeSourceStats};
 pub use kube_writer::KubeWriter;
 pub use scan::STATUS_DIR;
 pub use writer::{DirectoryWriter, ObjectWriter, WriteError};
