@@ -1,9 +1,11 @@
-//! Control-plane push convergence: istiod with N Pods and M Services from generated YAML and C
-//! concurrent delta-xDS clients (as ztunnels). Measures the time from one Pod change on disk until
-//! every client has it, and istiod's RSS. Prints a table.
+//! Control-plane push convergence: istiod with N Pods and M Services and C concurrent delta-xDS
+//! clients (as ztunnels). The cluster is generated YAML in a directory (`--source dir`) or the
+//! same objects in the fake Kubernetes API server (`--source kube`, run on its own thread).
+//! Measures the time from one Pod change (a file renamed in place, or an update through the
+//! API) until every client has it, and istiod's RSS. Prints a table.
 //!
-//! Usage: istiod-push --istiod <path-to-istiod-binary> [--pods 10000 --services 1000
-//!        --clients 500 --changes 20]
+//! Usage: istiod-push --istiod <path-to-istiod-binary> [--source dir|kube --pods 10000
+//!        --services 1000 --clients 500 --changes 20]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +20,8 @@ use mesh_proto::discovery::{
 };
 use mesh_proto::envoy::pb::envoy::config::core::v3::Node;
 use mesh_proto::type_url;
+use mesh_testutil::kube_api::{core_types, FakeApiServer};
+use serde::Deserialize;
 use tokio::sync::{mpsc, Barrier};
 use tokio_stream::StreamExt;
 
@@ -49,6 +53,114 @@ struct Args {
     /// Base port: xDS on +10, debug HTTP on +80.
     #[arg(long, default_value_t = 25000)]
     base_port: u16,
+    /// Where istiod reads the cluster: `dir` (YAML files) or `kube` (the fake API server).
+    #[arg(long, default_value = "dir")]
+    source: SourceKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum SourceKind {
+    Dir,
+    Kube,
+}
+
+/// Where the generated cluster lives, and how one Pod is changed.
+enum Cluster {
+    Dir(PathBuf),
+    Api {
+        api: FakeApiServer,
+        kubeconfig: PathBuf,
+    },
+}
+
+impl Cluster {
+    /// The istiod flag that names the source.
+    fn flag(&self) -> String {
+        match self {
+            Cluster::Dir(dir) => format!("--config-dir={}", dir.display()),
+            Cluster::Api { kubeconfig, .. } => format!("--kubeconfig={}", kubeconfig.display()),
+        }
+    }
+
+    /// Writes the new revision of pod `i` in namespace `ns`; returns when it was written.
+    fn change_pod(&self, ns: usize, i: usize, revision: usize) -> anyhow::Result<Instant> {
+        match self {
+            Cluster::Dir(dir) => {
+                let path = dir.join(format!("ns-{ns}/pod-{i}.yaml"));
+                let tmp = dir.join(format!("ns-{ns}/.pod-{i}.yaml.tmp"));
+                std::fs::write(&tmp, pod_yaml(ns, i, revision))?;
+                let t0 = Instant::now();
+                std::fs::rename(&tmp, &path)?;
+                Ok(t0)
+            }
+            Cluster::Api { api, .. } => {
+                let pod: serde_json::Value = serde_yaml::from_str(&pod_yaml(ns, i, revision))?;
+                let t0 = Instant::now();
+                api.seed(pod)
+                    .map_err(|e| anyhow::anyhow!("update pod: {e:?}"))?;
+                Ok(t0)
+            }
+        }
+    }
+}
+
+/// The fake API server on a thread and runtime of its own, so that serving watches never
+/// waits behind the benchmark's 500 clients.
+fn start_fake_api() -> anyhow::Result<FakeApiServer> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                let _ = tx.send(Err(anyhow::anyhow!("runtime: {e}")));
+                return;
+            }
+        };
+        rt.block_on(async move {
+            let started = FakeApiServer::start(core_types())
+                .await
+                .map_err(|e| anyhow::anyhow!("fake API server: {e}"));
+            let _ = tx.send(started);
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().context("fake API server thread")?
+}
+
+/// Every document of the generated directory, seeded into `api`.
+fn seed_from(dir: &Path, api: &FakeApiServer) -> anyhow::Result<usize> {
+    let mut n = 0;
+    for entry in walk(dir)? {
+        let text = std::fs::read_to_string(&entry)?;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = serde_json::Value::deserialize(doc)?;
+            api.seed(value)
+                .map_err(|e| anyhow::anyhow!("seed {}: {e:?}", entry.display()))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+fn walk(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 const NAMESPACES: usize = 100;
@@ -104,10 +216,15 @@ fn rss_mib(pid: u32) -> anyhow::Result<f64> {
     Ok(kb / 1024.0)
 }
 
-fn start_istiod(args: &Args, dir: &Path, state: &Path, tokens: &Path) -> anyhow::Result<Child> {
+fn start_istiod(
+    args: &Args,
+    cluster: &Cluster,
+    state: &Path,
+    tokens: &Path,
+) -> anyhow::Result<Child> {
     let p = args.base_port;
     Command::new(&args.istiod)
-        .arg(format!("--config-dir={}", dir.display()))
+        .arg(cluster.flag())
         .arg(format!("--state-dir={}", state.display()))
         .arg(format!("--tokens-file={}", tokens.display()))
         .arg(format!("--grpc-addr=127.0.0.1:{}", p + 10))
@@ -210,8 +327,27 @@ async fn main() -> anyhow::Result<()> {
         t.elapsed()
     );
 
-    let mut istiod = start_istiod(&args, &dir, &state, &tokens)?;
-    let result = run(&args, &dir, &pod_ids, istiod.id()).await;
+    let cluster = match args.source {
+        SourceKind::Dir => Cluster::Dir(dir.clone()),
+        SourceKind::Kube => {
+            let api = start_fake_api()?;
+            let t = Instant::now();
+            // istiod's own namespace, where its locks live.
+            api.seed(serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "istio-system"}}))
+                .map_err(|e| anyhow::anyhow!("seed istio-system: {e:?}"))?;
+            let n = seed_from(&dir, &api)?;
+            eprintln!(
+                "seeded {n} objects into the fake API server in {:?}",
+                t.elapsed()
+            );
+            let kubeconfig = root.join("kubeconfig");
+            std::fs::write(&kubeconfig, api.kubeconfig())?;
+            Cluster::Api { api, kubeconfig }
+        }
+    };
+    let mut istiod = start_istiod(&args, &cluster, &state, &tokens)?;
+    let result = run(&args, &cluster, &pod_ids, istiod.id()).await;
     let _ = istiod.kill();
     let _ = istiod.wait();
     let _ = std::fs::remove_dir_all(&root);
@@ -235,7 +371,12 @@ async fn wait_ready(port: u16) -> anyhow::Result<Duration> {
     bail!("istiod not ready after 120 s")
 }
 
-async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> anyhow::Result<()> {
+async fn run(
+    args: &Args,
+    cluster: &Cluster,
+    pod_ids: &[(usize, usize)],
+    pid: u32,
+) -> anyhow::Result<()> {
     let ready_after = wait_ready(args.base_port + 80).await?;
     let rss_idle = rss_mib(pid)?;
     eprintln!(
@@ -267,11 +408,7 @@ async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> a
         let measured = change >= args.warmup;
         let (ns, i) = pod_ids[(change * 7919) % pod_ids.len()];
         let name = format!("Kubernetes//Pod/ns-{ns}/pod-{i}");
-        let path = dir.join(format!("ns-{ns}/pod-{i}.yaml"));
-        let tmp = dir.join(format!("ns-{ns}/.pod-{i}.yaml.tmp"));
-        std::fs::write(&tmp, pod_yaml(ns, i, change + 1))?;
-        let t0 = Instant::now();
-        std::fs::rename(&tmp, &path)?;
+        let t0 = cluster.change_pod(ns, i, change + 1)?;
         if std::env::var_os("BENCH_TRACE").is_some() {
             let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
             eprintln!("change {change}: renamed at unix {:.3}", wall.as_secs_f64());
@@ -315,6 +452,7 @@ async fn run(args: &Args, dir: &Path, pod_ids: &[(usize, usize)], pid: u32) -> a
     print_table(
         &["measure", "value"],
         &[
+            vec!["source".into(), format!("{:?}", args.source)],
             vec![
                 "pods / services / clients".into(),
                 format!("{} / {} / {}", pod_ids.len(), args.services, args.clients),
