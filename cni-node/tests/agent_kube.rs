@@ -34,12 +34,11 @@ fn namespace(labels: &[(&str, &str)]) -> Value {
     serde_yaml::from_str(&namespace_yaml("apps", labels)).expect("namespace")
 }
 
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let start = std::time::Instant::now();
-    while !f() {
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn eventually(what: &str, f: impl FnMut() -> bool) {
+    assert!(
+        mesh_testutil::eventually(WAIT, f).await,
+        "timed out waiting for {what}"
+    );
 }
 
 #[tokio::test]

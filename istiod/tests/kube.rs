@@ -135,7 +135,7 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    let relisted = eventually_async(|| async {
+    let relisted = mesh_testutil::eventually_async(WAIT, || async {
         let text = common::http_get(from_api.monitoring_addr, "/metrics").await;
         metric(&text, "istiod_kube_relists_total{kind=\"Namespace\"}") >= 2
     })
@@ -173,47 +173,32 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
     );
 }
 
-async fn eventually_async<F: std::future::Future<Output = bool>>(mut f: impl FnMut() -> F) -> bool {
-    let start = std::time::Instant::now();
-    while start.elapsed() < WAIT {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
-
 /// Polls `f` until it holds (10 s).
 async fn eventually(f: impl FnMut() -> bool) -> bool {
-    eventually_within(WAIT, f).await
+    mesh_testutil::eventually(WAIT, f).await
 }
 
-async fn eventually_within(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let start = std::time::Instant::now();
-    while start.elapsed() < within {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    f()
-}
-
-#[tokio::test]
-async fn the_root_certificate_is_kept_in_every_namespace() {
+/// A fake API server with the core types and `namespaces`, and the tokens file.
+async fn api_with_namespaces(namespaces: &[&str]) -> (FakeApiServer, tempfile::NamedTempFile) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tokens = tempfile::NamedTempFile::new().expect("tokens");
     std::fs::write(tokens.path(), TOKENS).expect("write tokens");
     let api = FakeApiServer::start(core_types())
         .await
         .expect("fake API server");
-    for ns in ["istio-system", "kube-system", "kube-public", "demo"] {
+    for ns in namespaces {
         api.seed(
             serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
         )
         .expect("namespace");
     }
+    (api, tokens)
+}
+
+#[tokio::test]
+async fn the_root_certificate_is_kept_in_every_namespace() {
+    let (api, tokens) =
+        api_with_namespaces(&["istio-system", "kube-system", "kube-public", "demo"]).await;
     let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
     std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
     let state = tempfile::tempdir().expect("state");
@@ -268,18 +253,7 @@ fn lock_holder(api: &FakeApiServer) -> Option<String> {
 
 #[tokio::test]
 async fn two_istiods_one_writes_and_the_other_takes_over() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tokens = tempfile::NamedTempFile::new().expect("tokens");
-    std::fs::write(tokens.path(), TOKENS).expect("write tokens");
-    let api = FakeApiServer::start(core_types())
-        .await
-        .expect("fake API server");
-    for ns in ["istio-system", "demo"] {
-        api.seed(
-            serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-        )
-        .expect("namespace");
-    }
+    let (api, tokens) = api_with_namespaces(&["istio-system", "demo"]).await;
     let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
     std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
     let source = format!("--kubeconfig={}", kubeconfig.path().display());
@@ -302,7 +276,7 @@ async fn two_istiods_one_writes_and_the_other_takes_over() {
     // plus jitter) and repairs what a no longer does.
     a.shutdown().await.expect("a stops");
     assert!(
-        eventually_within(Duration::from_secs(20), || lock_holder(&api).as_deref()
+        mesh_testutil::eventually(Duration::from_secs(20), || lock_holder(&api).as_deref()
             == Some("istiod-b"))
         .await,
         "b leads after a stopped"

@@ -110,12 +110,11 @@ fn review(uid: &str, object: Value) -> Vec<u8> {
     .expect("json")
 }
 
-async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let start = std::time::Instant::now();
-    while !f() {
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+async fn eventually(what: &str, f: impl FnMut() -> bool) {
+    assert!(
+        mesh_testutil::eventually(WAIT, f).await,
+        "timed out waiting for {what}"
+    );
 }
 
 /// The first webhook of Istio's configuration, as stored.

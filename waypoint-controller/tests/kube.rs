@@ -21,15 +21,8 @@ fn gateway(name: &str) -> Value {
             "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]}})
 }
 
-async fn eventually(mut f: impl FnMut() -> bool) -> bool {
-    let start = std::time::Instant::now();
-    while start.elapsed() < WAIT {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    f()
+async fn eventually(f: impl FnMut() -> bool) -> bool {
+    mesh_testutil::eventually(WAIT, f).await
 }
 
 fn condition(gw: &Value, type_: &str) -> Option<(String, String)> {

@@ -13,6 +13,7 @@ mod memory_snapshot;
 pub mod netns;
 mod objects;
 mod pki;
+mod wait;
 
 pub use cluster_dir::ClusterDir;
 pub use envoy::{envoy_path, INSTALLED_ENVOY};
@@ -26,3 +27,4 @@ pub use memory_snapshot::MemorySnapshot;
 pub use netns::{Netns, NetnsError, TestNet};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};
 pub use pki::TestPki;
+pub use wait::{eventually, eventually_async};
