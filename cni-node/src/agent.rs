@@ -53,6 +53,15 @@ use crate::state::{PodRecord, StateError, StateStore};
 use crate::zds_server::{ZdsError, ZdsHandle};
 use cluster::{ClusterView, PodKey};
 
+/// What the agent watches on Kubernetes, as istio-cni: the pods of its node, all namespaces.
+pub fn kube_watches(node: Option<&str>) -> mesh_source::KubeOptions {
+    mesh_source::KubeOptions {
+        kinds: vec![Kind::Namespace, Kind::Pod],
+        pod_field_selector: node.map(|n| format!("spec.nodeName={n}")),
+        ..mesh_source::KubeOptions::default()
+    }
+}
+
 /// How long a CNI ADD waits for its Pod to appear in the cluster source.
 pub const POD_WAIT: Duration = Duration::from_secs(5);
 

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use cni_node::agent::{serve_probes, Agent, AgentOptions, PodAnnotator};
+use cni_node::agent::{kube_watches, serve_probes, Agent, AgentOptions, PodAnnotator};
 use cni_node::config::{Config, RedirectionMode, AGENT_STATE_DIR, DEFAULT_STATE_DIR};
 use cni_node::event::{self, CniAddHandler};
 use cni_node::redirect::{
@@ -29,8 +29,7 @@ use cni_node::redirect::{
 };
 use cni_node::state::{render_table, StateStore};
 use cni_node::zds_server::ZdsServer;
-use mesh_api::Kind;
-use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource, KubeOptions, KubeSource};
+use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource, KubeSource};
 use tracing::{error, info};
 
 const USAGE: &str = "usage:
@@ -265,15 +264,6 @@ fn ebpf_redirector() -> Result<Arc<dyn Redirector>, String> {
     Err("REDIRECTION_MODE=ebpf, but this cni-node was built without the ebpf feature".into())
 }
 
-/// What the agent watches on Kubernetes, as istio-cni: the pods of its node, all namespaces.
-fn node_agent_watches(node: Option<&str>) -> KubeOptions {
-    KubeOptions {
-        kinds: vec![Kind::Namespace, Kind::Pod],
-        pod_field_selector: node.map(|n| format!("spec.nodeName={n}")),
-        ..KubeOptions::default()
-    }
-}
-
 async fn serve(config: Config) -> Result<(), String> {
     let shutdown = mesh_runtime::signal::on_signals()
         .map_err(|e| format!("cannot install signal handlers: {e}"))?;
@@ -289,7 +279,7 @@ async fn serve(config: Config) -> Result<(), String> {
             options.annotator = Some(PodAnnotator::spawn(client.clone()));
             Box::new(KubeSource::new(
                 client,
-                node_agent_watches(config.node_name.as_deref()),
+                kube_watches(config.node_name.as_deref()),
             ))
         }
     };

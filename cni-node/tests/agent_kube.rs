@@ -8,12 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use agent_support::{AutoZtunnel, RecordingRedirector, WAIT};
-use cni_node::agent::{Agent, AgentOptions, PodAnnotator, REDIRECTION_ANNOTATION};
+use cni_node::agent::{kube_watches, Agent, AgentOptions, PodAnnotator, REDIRECTION_ANNOTATION};
 use cni_node::event::{CniAddEvent, CniAddHandler};
 use cni_node::zds_server::ZdsServer;
-use mesh_api::Kind;
 use mesh_runtime::signal;
-use mesh_source::{ClusterSource, KubeOptions, KubeSource};
+use mesh_source::{ClusterSource, KubeSource};
 use mesh_testutil::kube_api::{core_types, FakeApiServer};
 use mesh_testutil::{namespace_yaml, pod_yaml, PodSpec};
 use serde_json::Value;
@@ -62,8 +61,7 @@ async fn the_agent_follows_its_nodes_pods_and_annotates_them() {
     };
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let client =
-        kube::Client::try_from(kube::Config::new(api.url().parse().expect("url"))).expect("client");
+    let client = api.client();
     let socket = dir.path().join("ztunnel.sock");
     let server = ZdsServer::bind(&socket).expect("bind ZDS");
     let mut options = AgentOptions::new(dir.path().join("state"));
@@ -74,14 +72,7 @@ async fn the_agent_follows_its_nodes_pods_and_annotates_them() {
     let redirector = Arc::new(RecordingRedirector::default());
     let agent = Agent::new(options, redirector.clone(), server.handle());
     agent.restore().await.expect("restore");
-    let source = KubeSource::new(
-        client,
-        KubeOptions {
-            kinds: vec![Kind::Namespace, Kind::Pod],
-            pod_field_selector: Some("spec.nodeName=node1".into()),
-            ..KubeOptions::default()
-        },
-    );
+    let source = KubeSource::new(client, kube_watches(Some("node1")));
     let (trigger, shutdown) = signal::channel();
     let (tx, events) = tokio::sync::mpsc::channel(256);
     tokio::spawn(Box::new(source).run(tx));

@@ -5,6 +5,7 @@
 use std::future::Future;
 
 use mesh_kube::{LeaderElection, LockKind};
+use mesh_runtime::task::AbortOnDrop;
 use tokio::sync::watch;
 
 pub mod root_cert;
@@ -57,13 +58,5 @@ impl Controllers {
         .with_holder_key(&self.revision)
         .run(root_certs, stop)
         .await;
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -13,6 +13,20 @@ pub mod status;
 pub use controller::{Controller, ControllerOptions, Report};
 pub use render::{render, Names, RenderOptions};
 
+/// The kinds the controller reads from the API: Gateways and what it makes for them.
+pub fn kube_watches() -> mesh_source::KubeOptions {
+    use mesh_api::Kind;
+    mesh_source::KubeOptions {
+        kinds: vec![
+            Kind::Gateway,
+            Kind::Deployment,
+            Kind::Service,
+            Kind::ServiceAccount,
+        ],
+        ..mesh_source::KubeOptions::default()
+    }
+}
+
 /// The field manager of everything the controller applies (Istio's gateway controller's).
 pub const FIELD_MANAGER: &str = "istio.io/gateway-controller";
 /// The per-revision Lease the controller leads under: `istio-gateway-deployment-<revision>`.

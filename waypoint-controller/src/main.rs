@@ -8,16 +8,13 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use ipnet::Ipv4Net;
-use mesh_api::Kind;
 use mesh_kube::{LeaderElection, LockKind};
-use mesh_source::{
-    DirectoryOptions, DirectorySource, DirectoryWriter, KubeOptions, KubeSource, KubeWriter,
-};
+use mesh_source::{DirectoryOptions, DirectorySource, DirectoryWriter, KubeSource, KubeWriter};
 use tracing::{info, warn};
 use waypoint_controller::render::{MANAGED_LABEL, MANAGED_VALUE};
 use waypoint_controller::run::run as control;
 use waypoint_controller::{
-    ControllerOptions, RenderOptions, DEPLOYMENT_LOCK_PREFIX, FIELD_MANAGER,
+    kube_watches, ControllerOptions, RenderOptions, DEPLOYMENT_LOCK_PREFIX, FIELD_MANAGER,
 };
 
 #[derive(Parser, Debug)]
@@ -131,7 +128,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     let work = move || {
         let (client, opts) = (client.clone(), opts.clone());
         async move {
-            let source = KubeSource::new(client.clone(), kube_options());
+            let source = KubeSource::new(client.clone(), kube_watches());
             let writer = KubeWriter::new(client, FIELD_MANAGER, (MANAGED_LABEL, MANAGED_VALUE));
             // Runs until leadership ends (the election aborts it); a source that stops is
             // logged, and the next leadership starts afresh.
@@ -142,17 +139,4 @@ async fn serve(args: Args) -> anyhow::Result<()> {
     };
     election.run(work, shutdown.wait()).await;
     Ok(())
-}
-
-/// The kinds the controller reads: Gateways and what it makes for them.
-fn kube_options() -> KubeOptions {
-    KubeOptions {
-        kinds: vec![
-            Kind::Gateway,
-            Kind::Deployment,
-            Kind::Service,
-            Kind::ServiceAccount,
-        ],
-        ..KubeOptions::default()
-    }
 }

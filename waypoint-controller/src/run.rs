@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
+use mesh_runtime::task::AbortOnDrop;
 use mesh_source::{ClusterSource, ObjectWriter, SourceEvent};
 use tracing::{info, warn};
 
@@ -63,13 +64,5 @@ pub async fn run<W: ObjectWriter>(
                 "reconciled"
             );
         }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use mesh_source::{KubeOptions, KubeSource, KubeWriter};
+use mesh_source::{KubeSource, KubeWriter};
 use mesh_testutil::kube_api::{core_types, mesh_crd_types, FakeApiServer};
 use serde_json::{json, Value};
 use waypoint_controller::render::{MANAGED_LABEL, MANAGED_VALUE};
 use waypoint_controller::run::run;
-use waypoint_controller::{ControllerOptions, FIELD_MANAGER};
+use waypoint_controller::{kube_watches, ControllerOptions, FIELD_MANAGER};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -52,20 +52,8 @@ async fn gateways_become_waypoints_through_the_api() {
         .expect("sa");
     api.seed(gateway("taken")).expect("gateway");
 
-    let client =
-        kube::Client::try_from(kube::Config::new(api.url().parse().expect("url"))).expect("client");
-    let source = KubeSource::new(
-        client.clone(),
-        KubeOptions {
-            kinds: vec![
-                mesh_api::Kind::Gateway,
-                mesh_api::Kind::Deployment,
-                mesh_api::Kind::Service,
-                mesh_api::Kind::ServiceAccount,
-            ],
-            ..KubeOptions::default()
-        },
-    );
+    let client = api.client();
+    let source = KubeSource::new(client.clone(), kube_watches());
     let writer = KubeWriter::new(client, FIELD_MANAGER, (MANAGED_LABEL, MANAGED_VALUE));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let controller = tokio::spawn(run(

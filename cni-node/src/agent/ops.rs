@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mesh_api::Pod;
+use mesh_api::{pod_service_account, Pod};
 use mesh_proto::workload::zds::WorkloadInfo;
 use tracing::{debug, info, warn};
 
@@ -40,14 +40,6 @@ fn workload_info(record: &PodRecord) -> WorkloadInfo {
         namespace: record.namespace.clone(),
         service_account: record.service_account.clone(),
     }
-}
-
-fn service_account(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.clone())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "default".to_string())
 }
 
 /// The pod's IPs from its status.
@@ -230,7 +222,7 @@ pub(super) async fn cni_add(inner: &Inner, event: CniAddEvent) -> Result<(), Age
         uid,
         namespace: key.0.clone(),
         name: key.1.clone(),
-        service_account: service_account(&pod),
+        service_account: pod_service_account(&pod),
         netns,
         ips,
         dns_capture: match decision {
@@ -446,7 +438,7 @@ async fn adopt(inner: &Inner, records: &mut Records, keys: Vec<PodKey>) {
             uid,
             namespace: key.0.clone(),
             name: key.1.clone(),
-            service_account: service_account(&pod),
+            service_account: pod_service_account(&pod),
             netns: netns.clone(),
             ips: status_ips(&pod),
             dns_capture,

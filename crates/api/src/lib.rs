@@ -12,6 +12,7 @@ mod gateway;
 mod istio;
 mod labels;
 mod object;
+mod pod;
 mod virtual_service;
 
 pub use destination_rule::*;
@@ -24,6 +25,7 @@ pub use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use labels::{label, selector_matches};
 pub use object::{Kind, Object, ObjectKey};
+pub use pod::pod_service_account;
 pub use virtual_service::*;
 
 #[cfg(test)]

@@ -26,11 +26,6 @@ async fn api() -> FakeApiServer {
     server
 }
 
-fn client(server: &FakeApiServer) -> kube::Client {
-    let config = kube::Config::new(server.url().parse().expect("url"));
-    kube::Client::try_from(config).expect("client")
-}
-
 struct Candidate {
     leading: watch::Receiver<bool>,
     stop: Option<oneshot::Sender<()>>,
@@ -40,7 +35,7 @@ struct Candidate {
 }
 
 fn candidate(server: &FakeApiServer, kind: LockKind, lock: &str, id: &str) -> Candidate {
-    let election = LeaderElection::new(client(server), kind, "istio-system", lock, id)
+    let election = LeaderElection::new(server.client(), kind, "istio-system", lock, id)
         .with_holder_key("default")
         .with_timing(LEASE, RENEW, RETRY);
     let leading = election.leading();

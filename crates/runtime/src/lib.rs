@@ -5,4 +5,5 @@ pub mod http;
 pub mod metrics;
 pub mod readiness;
 pub mod signal;
+pub mod task;
 pub mod telemetry;

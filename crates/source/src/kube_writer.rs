@@ -5,11 +5,11 @@
 
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::Client;
-use mesh_api::{Object, ObjectKey};
-use serde_json::{json, Value};
+use mesh_api::ObjectKey;
+use serde_json::Value;
 
 use crate::kube_source::api_resource;
-use crate::writer::{ObjectWriter, WriteError};
+use crate::writer::{key_of, reference, ObjectWriter, WriteError};
 
 /// Writes through the API server as `field_manager`.
 #[derive(Clone)]
@@ -61,9 +61,7 @@ fn resource_version(o: &DynamicObject) -> Option<&str> {
 
 impl ObjectWriter for KubeWriter {
     async fn apply(&self, object: &Value) -> Result<bool, WriteError> {
-        let key = Object::from_value(object.clone())
-            .map_err(|e| WriteError::Invalid(Box::new(e)))?
-            .key();
+        let key = key_of(object)?;
         let api = self.api(&key);
         let before = api
             .get_opt(&key.name)
@@ -110,16 +108,8 @@ impl ObjectWriter for KubeWriter {
         key: &ObjectKey,
         status: Option<&Value>,
     ) -> Result<(), WriteError> {
-        let mut metadata = json!({ "name": key.name });
-        if key.kind.namespaced() {
-            metadata["namespace"] = json!(key.namespace);
-        }
         // Applying no status gives up every status field this manager owned.
-        let mut doc = json!({
-            "apiVersion": key.kind.api_version(),
-            "kind": key.kind.as_str(),
-            "metadata": metadata,
-        });
+        let mut doc = reference(key);
         if let Some(status) = status {
             doc["status"] = status.clone();
         }

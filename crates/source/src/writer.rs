@@ -112,9 +112,7 @@ impl ObjectWriter for DirectoryWriter {
 impl DirectoryWriter {
     /// See [`ObjectWriter::apply`].
     pub fn apply(&self, object: &Value) -> Result<bool, WriteError> {
-        let key = Object::from_value(object.clone())
-            .map_err(|e| WriteError::Invalid(Box::new(e)))?
-            .key();
+        let key = key_of(object)?;
         let text = serde_yaml::to_string(object).map_err(|source| WriteError::Encode {
             key: key.clone(),
             source,
@@ -133,22 +131,34 @@ impl DirectoryWriter {
         let Some(status) = status else {
             return remove(&path);
         };
-        let mut metadata = json!({ "name": key.name });
-        if !key.namespace.is_empty() {
-            metadata["namespace"] = json!(key.namespace);
-        }
-        let doc = json!({
-            "apiVersion": key.kind.api_version(),
-            "kind": key.kind.as_str(),
-            "metadata": metadata,
-            "status": status,
-        });
+        let mut doc = reference(key);
+        doc["status"] = status.clone();
         let text = serde_yaml::to_string(&doc).map_err(|source| WriteError::Encode {
             key: key.clone(),
             source,
         })?;
         write_if_changed(&path, &text).map(|_| ())
     }
+}
+
+/// The key of an object a controller writes, if the mesh can read it back.
+pub(crate) fn key_of(object: &Value) -> Result<ObjectKey, WriteError> {
+    Object::from_value(object.clone())
+        .map(|o| o.key())
+        .map_err(|e| WriteError::Invalid(Box::new(e)))
+}
+
+/// `apiVersion`, `kind` and the name (and namespace) of `key`: what a status write names.
+pub(crate) fn reference(key: &ObjectKey) -> Value {
+    let mut metadata = json!({ "name": key.name });
+    if !key.namespace.is_empty() {
+        metadata["namespace"] = json!(key.namespace);
+    }
+    json!({
+        "apiVersion": key.kind.api_version(),
+        "kind": key.kind.as_str(),
+        "metadata": metadata,
+    })
 }
 
 /// The directory of `key`'s namespace (`_cluster` for cluster-scoped objects).

@@ -67,8 +67,7 @@ async fn server(crds: bool) -> FakeApiServer {
 }
 
 async fn start(server: &FakeApiServer, options: KubeOptions) -> mpsc::Receiver<SourceEvent> {
-    let config = kube::Config::new(server.url().parse().expect("url"));
-    let client = kube::Client::try_from(config).expect("client");
+    let client = server.client();
     let (tx, rx) = mpsc::channel(1024);
     tokio::spawn(Box::new(KubeSource::new(client, options)).run(tx));
     rx

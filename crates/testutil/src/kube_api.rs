@@ -240,6 +240,16 @@ impl FakeApiServer {
         format!("http://{}", self.addr)
     }
 
+    /// A `kube` client for this server (no credentials).
+    pub fn client(&self) -> kube::Client {
+        let url = self
+            .url()
+            .parse()
+            .unwrap_or_else(|e| panic!("fake API server URL: {e}"));
+        kube::Client::try_from(kube::Config::new(url))
+            .unwrap_or_else(|e| panic!("client for the fake API server: {e}"))
+    }
+
     /// A kubeconfig pointing at this server (no credentials).
     pub fn kubeconfig(&self) -> String {
         format!(

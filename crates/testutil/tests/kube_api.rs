@@ -8,14 +8,9 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::watcher;
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 use mesh_testutil::kube_api::{core_types, FakeApiServer, FakeToken};
 use serde_json::json;
-
-async fn client(server: &FakeApiServer) -> Client {
-    let config = Config::new(server.url().parse().expect("url"));
-    Client::try_from(config).expect("client")
-}
 
 fn pod(name: &str, node: &str, app: &str) -> Pod {
     serde_json::from_value(json!({
@@ -31,7 +26,7 @@ async fn started() -> (FakeApiServer, Client) {
     server
         .seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}))
         .expect("namespace");
-    let c = client(&server).await;
+    let c = server.client();
     (server, c)
 }
 

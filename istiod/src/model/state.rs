@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use mesh_api::{Kind, Namespace, Object, ObjectKey, Pod};
+use mesh_api::{pod_service_account, Kind, Namespace, Object, ObjectKey, Pod};
 
 /// Labels of nothing, for objects without labels.
 pub(crate) static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
@@ -136,15 +136,6 @@ fn pod_facts(pod: &Pod) -> PodFacts {
             .and_then(|s| s.node_name.clone())
             .filter(|n| !n.is_empty()),
     }
-}
-
-/// `spec.serviceAccountName`, `default` when unset (as the API server defaults it).
-fn pod_service_account(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.clone())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "default".into())
 }
 
 /// (node, namespace, service account) of a scheduled pod that has not terminated.

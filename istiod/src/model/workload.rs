@@ -90,10 +90,7 @@ pub fn pod_to_workload(
         network: network_of(labels, inp.ns_labels(), inp.cfg),
         tunnel_protocol: tunnel(ambient) as i32,
         trust_domain: inp.cfg.trust_domain.clone(),
-        service_account: spec
-            .and_then(|s| s.service_account_name.clone())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".into()),
+        service_account: mesh_api::pod_service_account(pod),
         waypoint: waypoint_from_labels(labels, ns, inp.ns_labels(), &inp.cfg.domain_suffix),
         node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
         canonical_name,
