@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mesh_identity::{CaError, CertificateAuthority, Identity, IdentityError};
+use mesh_identity::{CaError, Identity, IdentityError};
 use mesh_proto::ca::istio_certificate_service_server::{
     IstioCertificateService, IstioCertificateServiceServer,
 };
@@ -23,6 +23,7 @@ use mesh_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use tonic::{Code, Request, Response, Status};
 
 use crate::auth::{AuthError, Authenticator, BoundPod, Caller};
+use crate::live_ca::LiveCa;
 use crate::model::PodFacts;
 
 /// Request metadata key through which node agents ask for a workload's identity.
@@ -178,7 +179,7 @@ impl CaStats {
 /// The certificate service.
 #[derive(Clone)]
 pub struct CaService {
-    ca: Arc<CertificateAuthority>,
+    ca: Arc<LiveCa>,
     authenticator: Arc<dyn Authenticator>,
     locator: Arc<dyn NodeLocator>,
     cluster_id: String,
@@ -189,7 +190,7 @@ pub struct CaService {
 
 impl CaService {
     pub fn new(
-        ca: Arc<CertificateAuthority>,
+        ca: Arc<LiveCa>,
         authenticator: Arc<dyn Authenticator>,
         locator: Arc<dyn NodeLocator>,
         cluster_id: impl Into<String>,
@@ -265,7 +266,7 @@ impl CaService {
             .ok()
             .filter(|s| *s > 0)
             .map(Duration::from_secs);
-        let chain = self.ca.sign_csr(&req.csr, &identity, ttl)?;
+        let chain = self.ca.current().sign_csr(&req.csr, &identity, ttl)?;
         Ok((identity, chain))
     }
 
@@ -276,13 +277,14 @@ impl CaService {
     ) -> Result<Identity, CaServiceError> {
         let node = self.caller_node(caller, &target)?;
         let node = node.as_str();
-        if target.trust_domain() != self.ca.trust_domain() {
+        let trust_domain = self.ca.current().trust_domain().to_string();
+        if target.trust_domain() != trust_domain {
             return Err(CaServiceError::ForeignTrustDomain {
                 caller: caller.identity.to_string(),
                 node: node.to_string(),
                 identity: target.to_string(),
                 got: target.trust_domain().to_string(),
-                want: self.ca.trust_domain().to_string(),
+                want: trust_domain,
             });
         }
         if !self
@@ -414,6 +416,7 @@ impl IstioCertificateService for CaService {
 mod tests {
     use super::*;
     use crate::auth::TokenFileAuthenticator;
+    use mesh_identity::CertificateAuthority;
 
     /// One pod, `istio-system/ztunnel-a` (uid `u1`, service account ztunnel), on `node`.
     struct OnePod(Option<&'static str>);
@@ -437,8 +440,13 @@ mod tests {
         let tokens = dir.path().join("tokens.yaml");
         std::fs::write(&tokens, "tokens: []\n").expect("tokens");
         let auth = TokenFileAuthenticator::new(&tokens).expect("auth");
-        CaService::new(Arc::new(ca), Arc::new(auth), Arc::new(OnePod(node)), "c1")
-            .with_trusted_node_accounts(vec![("istio-system".into(), "ztunnel".into())])
+        CaService::new(
+            LiveCa::new(Arc::new(ca)),
+            Arc::new(auth),
+            Arc::new(OnePod(node)),
+            "c1",
+        )
+        .with_trusted_node_accounts(vec![("istio-system".into(), "ztunnel".into())])
     }
 
     fn caller(sa: &str, pod: Option<(&str, &str)>) -> Caller {

@@ -30,6 +30,12 @@ pub struct Config {
     #[arg(long, env = "ISTIOD_CACERTS_DIR")]
     pub cacerts_dir: Option<PathBuf>,
 
+    /// How often the plugged-in CA's files are looked at for a new CA (a rotated root or
+    /// intermediate), which is then used without a restart.
+    #[arg(long, env = "ISTIOD_CACERTS_POLL", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub cacerts_poll: Duration,
+
     /// Bearer tokens accepted from proxies in the local mode (YAML: tokens[].{token, identity,
     /// node, expires}); required with --config-dir. On Kubernetes, callers present
     /// service-account tokens, checked by TokenReview.

@@ -24,7 +24,8 @@ pub struct Controllers {
     pub revision: String,
     /// `ENABLE_LEADER_ELECTION`: false runs every controller in every replica.
     pub leader_election: bool,
-    pub root_cert_pem: String,
+    /// The roots workloads trust, told of every change (a rotated root).
+    pub roots: watch::Receiver<String>,
 }
 
 impl Controllers {
@@ -35,10 +36,10 @@ impl Controllers {
             self.client.clone(),
             self.revision.clone(),
             self.namespace.clone(),
-            self.root_cert_pem.clone(),
+            self.roots.clone(),
         ));
         let _stop_webhooks = AbortOnDrop(webhooks);
-        let (_root_tx, root_rx) = watch::channel(self.root_cert_pem.clone());
+        let root_rx = self.roots.clone();
         let client = self.client.clone();
         let root_certs = move || root_cert::run(client.clone(), root_rx.clone());
         if !self.leader_election {

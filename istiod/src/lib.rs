@@ -9,6 +9,7 @@ pub mod config;
 pub mod debug;
 pub mod envoy;
 pub mod kube;
+pub mod live_ca;
 pub mod metrics;
 pub mod model;
 pub mod push;

@@ -12,6 +12,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::ca::CaStats;
+use crate::live_ca::ReloadStats;
 use crate::push::PushStats;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -202,6 +203,26 @@ impl Collector for CaCollector {
             let labels = [("reason", reason)];
             let m = family.encode_family(&labels)?;
             ConstCounter::new(n).encode(m)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reloads of the plugged-in CA: `istiod_cacerts_reloads_total{result="ok|error"}`.
+#[derive(Debug)]
+pub struct CaReloadCollector(pub Arc<ReloadStats>);
+
+impl Collector for CaReloadCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "istiod_cacerts_reloads",
+            "Changes of the plugged-in CA's files, by whether the new CA loaded",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (result, n) in [("ok", self.0.reloaded()), ("error", self.0.failed())] {
+            let labels = [("result", result)];
+            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -1,11 +1,12 @@
 //! Wires istiod together: source -> debounce/model -> snapshots -> xDS (15010, 15012), CA
 //! (15012), debug (8080) and metrics (15014), with graceful shutdown.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use mesh_identity::{CaOptions, CertificateAuthority};
+use mesh_identity::{CaOptions, CaSource, CertificateAuthority};
 use mesh_runtime::http::{metrics_router, BoundServer};
 use mesh_runtime::metrics::Metrics;
 use mesh_runtime::readiness::Readiness;
@@ -23,7 +24,8 @@ use crate::auth::{Authenticator, RequireAuth, TokenFileAuthenticator, TokenRevie
 use crate::ca::{CaService, NodeLocator};
 use crate::config::Config;
 use crate::debug::{self, DebugViews};
-use crate::metrics::{CaCollector, KubeSourceCollector, PushMetrics};
+use crate::live_ca::{watch_cacerts, LiveCa, ReloadStats};
+use crate::metrics::{CaCollector, CaReloadCollector, KubeSourceCollector, PushMetrics};
 use crate::model::{Model, ModelConfig, Snapshot};
 use crate::push::{self, DebounceConfig, ModelEvent};
 use crate::serving_tls::{tls_incoming, ServingCerts, ServingTlsError};
@@ -99,8 +101,10 @@ pub struct Running {
     pub monitoring_addr: SocketAddr,
     /// The validating webhook (TLS).
     pub webhook_addr: SocketAddr,
-    /// PEM of the root that signs workload and serving certificates.
+    /// PEM of the roots at start.
     pub root_cert_pem: String,
+    /// The CA in use (replaced when a plugged-in CA changes).
+    pub ca: Arc<LiveCa>,
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
     trigger: ShutdownTrigger,
     tasks: JoinSet<Result<(), ServerError>>,
@@ -178,17 +182,37 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     let metrics = Metrics::new();
     let mut tasks = JoinSet::new();
 
-    let ca = Arc::new(CertificateAuthority::load(
+    let ca_options = CaOptions {
+        trust_domain: config.trust_domain.clone(),
+        max_ttl: config.max_workload_cert_ttl,
+        ..CaOptions::default()
+    };
+    let loaded = CertificateAuthority::load(
         config.cacerts_dir.as_deref(),
         &config.state_dir,
-        CaOptions {
-            trust_domain: config.trust_domain.clone(),
-            max_ttl: config.max_workload_cert_ttl,
-            ..CaOptions::default()
-        },
-    )?);
-    ca.write_root_cert(&config.state_dir.join(ROOT_CERT_FILE))?;
-    tracing::info!(source = ?ca.source(), root = %config.state_dir.join(ROOT_CERT_FILE).display(), "certificate authority ready");
+        ca_options.clone(),
+    )?;
+    let root_file = config.state_dir.join(ROOT_CERT_FILE);
+    loaded.write_root_cert(&root_file)?;
+    tracing::info!(source = ?loaded.source(), root = %root_file.display(), "certificate authority ready");
+    let plugged_in = matches!(loaded.source(), CaSource::PluggedIn { .. });
+    let ca = LiveCa::new(Arc::new(loaded));
+    let reload_stats = Arc::new(ReloadStats::default());
+    if let (true, Some(dir)) = (plugged_in, &config.cacerts_dir) {
+        let watch = watch_cacerts(
+            ca.clone(),
+            dir.clone(),
+            ca_options,
+            config.cacerts_poll,
+            reload_stats.clone(),
+        );
+        tasks.spawn(until_shutdown(shutdown.clone(), watch));
+        tasks.spawn(until_shutdown(
+            shutdown.clone(),
+            publish_root_file(ca.clone(), root_file),
+        ));
+    }
+    metrics.register(|r| r.register_collector(Box::new(CaReloadCollector(reload_stats))));
     // On Kubernetes, one API client for the source, the CA's token reviews and the writers.
     let kube = match &config.config_dir {
         Some(_) => None,
@@ -224,7 +248,7 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
             namespace: config.pod_namespace.clone(),
             revision: config.revision.clone(),
             leader_election: config.enable_leader_election,
-            root_cert_pem: ca.root_cert_pem().to_string(),
+            roots: ca.roots(),
         };
         let sd = shutdown.clone();
         tasks.spawn(async move {
@@ -264,15 +288,8 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     )?;
     let tls = serving.server_config()?;
     let webhook_tls = serving.server_config_with_alpn(vec![b"http/1.1".to_vec()])?;
-    // Renew istiod's own certificate at half-life until shutdown.
-    let sd = shutdown.clone();
-    tasks.spawn(async move {
-        tokio::select! {
-            _ = sd.wait() => {}
-            _ = serving.renew_forever() => {}
-        }
-        Ok(())
-    });
+    // Renew istiod's own certificate at half-life (and with a new CA) until shutdown.
+    tasks.spawn(until_shutdown(shutdown.clone(), serving.renew_forever()));
     tasks.spawn(serve_secure(
         secure,
         secure_grpc_addr,
@@ -335,11 +352,35 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         http_addr,
         monitoring_addr,
         webhook_addr,
-        root_cert_pem: ca.root_cert_pem().to_string(),
+        root_cert_pem: ca.root_cert_pem(),
+        ca: ca.clone(),
         snapshots,
         trigger,
         tasks,
     })
+}
+
+/// Runs `work` until shutdown.
+async fn until_shutdown(
+    shutdown: Shutdown,
+    work: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    tokio::select! {
+        _ = shutdown.wait() => {}
+        _ = work => {}
+    }
+    Ok(())
+}
+
+/// Rewrites the root file in the state directory whenever the roots change.
+async fn publish_root_file(ca: Arc<LiveCa>, path: std::path::PathBuf) {
+    let mut roots = ca.roots();
+    while roots.changed().await.is_ok() {
+        match ca.current().write_root_cert(&path) {
+            Ok(()) => tracing::info!(path = %path.display(), "published the new roots"),
+            Err(e) => tracing::error!(error = %e, "cannot publish the new roots"),
+        }
+    }
 }
 
 type SourceErrors = Arc<Mutex<Vec<String>>>;

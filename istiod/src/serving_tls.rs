@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use mesh_identity::tls::{provider, CertKey};
 use mesh_identity::CertificateAuthority;
+
+use crate::live_ca::LiveCa;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
@@ -47,7 +49,7 @@ impl ServingTlsError {
 /// The current serving certificate, swapped in place on renewal.
 #[derive(Debug)]
 pub struct ServingCerts {
-    ca: Arc<CertificateAuthority>,
+    ca: Arc<LiveCa>,
     dns_names: Vec<String>,
     ips: Vec<IpAddr>,
     current: ArcSwap<CertifiedKey>,
@@ -57,11 +59,11 @@ pub struct ServingCerts {
 impl ServingCerts {
     /// Issues the first certificate.
     pub fn new(
-        ca: Arc<CertificateAuthority>,
+        ca: Arc<LiveCa>,
         dns_names: Vec<String>,
         ips: Vec<IpAddr>,
     ) -> Result<Arc<ServingCerts>, ServingTlsError> {
-        let (key, not_after) = issue(&ca, &dns_names, &ips)?;
+        let (key, not_after) = issue(&ca.current(), &dns_names, &ips)?;
         Ok(Arc::new(ServingCerts {
             ca,
             dns_names,
@@ -73,7 +75,7 @@ impl ServingCerts {
 
     /// Issues a new certificate and serves it to new connections from now on.
     pub fn renew(&self) -> Result<SystemTime, ServingTlsError> {
-        let (key, not_after) = issue(&self.ca, &self.dns_names, &self.ips)?;
+        let (key, not_after) = issue(&self.ca.current(), &self.dns_names, &self.ips)?;
         self.current.store(Arc::new(key));
         self.not_after.store(Arc::new(not_after));
         tracing::info!(not_after = ?not_after, "renewed istiod's serving certificate");
@@ -85,14 +87,25 @@ impl ServingCerts {
         **self.not_after.load()
     }
 
-    /// Renews at half of the remaining lifetime, forever (until the task is dropped).
+    /// Renews at half of the remaining lifetime, and at once when the CA is replaced, forever
+    /// (until the task is dropped).
     pub async fn renew_forever(self: Arc<Self>) {
+        let mut ca_changes = self.ca.changes();
+        ca_changes.mark_unchanged();
         loop {
             let left = self
                 .not_after()
                 .duration_since(SystemTime::now())
                 .unwrap_or_default();
-            tokio::time::sleep(left / 2).await;
+            tokio::select! {
+                _ = tokio::time::sleep(left / 2) => {}
+                changed = ca_changes.changed() => {
+                    if changed.is_err() {
+                        // The CA can no longer change: renew on the clock only.
+                        tokio::time::sleep(left / 2).await;
+                    }
+                }
+            }
             while let Err(e) = self.renew() {
                 tracing::error!(error = %e, reason = e.reason(), "cannot renew istiod's serving certificate; retrying");
                 tokio::time::sleep(RETRY).await;
@@ -195,7 +208,7 @@ mod tests {
     fn renewal_swaps_the_served_certificate() {
         let dir = tempfile::tempdir().expect("dir");
         let ca = CertificateAuthority::self_signed(dir.path(), CaOptions::default()).expect("ca");
-        let certs = ServingCerts::new(Arc::new(ca), vec!["localhost".into()], vec![])
+        let certs = ServingCerts::new(LiveCa::new(Arc::new(ca)), vec!["localhost".into()], vec![])
             .expect("serving cert");
         let first = serial_served(&certs);
         let before = certs.not_after();

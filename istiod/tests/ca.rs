@@ -100,7 +100,12 @@ async fn serve(ca: CertificateAuthority) -> Server {
         .serving_cert(&[ISTIOD_NAME, "localhost"], &ips)
         .expect("serving cert");
     let root_pem = ca.root_cert_pem().to_string();
-    let svc = CaService::new(Arc::new(ca), Arc::new(auth), placement(), "Kubernetes");
+    let svc = CaService::new(
+        istiod::live_ca::LiveCa::new(Arc::new(ca)),
+        Arc::new(auth),
+        placement(),
+        "Kubernetes",
+    );
     let stats = svc.stats();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

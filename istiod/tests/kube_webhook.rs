@@ -1,6 +1,7 @@
 //! The validating webhook: AdmissionReview v1 round trips over TLS on istiod's webhook port
-//! (verified against istiod's root, as the API server verifies with the caBundle), and the
-//! ValidatingWebhookConfiguration kept with the caBundle and Istio's failurePolicy rule.
+//! (verified against istiod's root, as the API server verifies with the caBundle), the
+//! ValidatingWebhookConfiguration kept with the caBundle and Istio's failurePolicy rule, and a
+//! plugged-in CA rotated under a running istiod.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,8 +32,8 @@ fn webhook_configuration() -> Value {
 }
 
 /// istiod on a fake API server holding Istio's webhook configuration (and, with
-/// `istio_gateway_crd`, the networking.istio.io Gateway CRD).
-async fn cluster(istio_gateway_crd: bool) -> Cluster {
+/// `istio_gateway_crd`, the networking.istio.io Gateway CRD), started with `flags`.
+async fn cluster(istio_gateway_crd: bool, flags: &[String]) -> Cluster {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut types = core_types();
     if istio_gateway_crd {
@@ -45,17 +46,18 @@ async fn cluster(istio_gateway_crd: bool) -> Cluster {
         ));
     }
     let api = FakeApiServer::start(types).await.expect("fake API server");
-    api.seed(
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}),
-    )
-    .expect("namespace");
+    for ns in ["istio-system", "demo"] {
+        api.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+            .expect("namespace");
+    }
     api.seed(webhook_configuration())
         .expect("webhook configuration");
     let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
     std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
     let state = tempfile::tempdir().expect("state");
-    let flags = [format!("--kubeconfig={}", kubeconfig.path().display())];
-    let istiod = common::start_istiod(&flags, state.path()).await;
+    let mut all = vec![format!("--kubeconfig={}", kubeconfig.path().display())];
+    all.extend(flags.iter().cloned());
+    let istiod = common::start_istiod(&all, state.path()).await;
     Cluster {
         api,
         istiod,
@@ -66,8 +68,20 @@ async fn cluster(istio_gateway_crd: bool) -> Cluster {
 /// POSTs `body` to `path` over TLS, verifying istiod's certificate for istiod.istio-system.svc
 /// against its root; returns the status code and the body.
 async fn post(r: &Running, path: &str, body: &[u8]) -> (u16, String) {
+    post_trusting(r, &r.root_cert_pem, path, body)
+        .await
+        .expect("TLS handshake")
+}
+
+/// The same, trusting only `roots_pem`; an error if the handshake fails.
+async fn post_trusting(
+    r: &Running,
+    roots_pem: &str,
+    path: &str,
+    body: &[u8],
+) -> std::io::Result<(u16, String)> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pki_types::pem::PemObject::pem_slice_iter(r.root_cert_pem.as_bytes()) {
+    for cert in rustls_pki_types::pem::PemObject::pem_slice_iter(roots_pem.as_bytes()) {
         roots.add(cert.expect("root pem")).expect("root");
     }
     let config = rustls::ClientConfig::builder()
@@ -78,7 +92,7 @@ async fn post(r: &Running, path: &str, body: &[u8]) -> (u16, String) {
         .await
         .expect("connect");
     let name = rustls_pki_types::ServerName::try_from("istiod.istio-system.svc").expect("name");
-    let mut tls = connector.connect(name, tcp).await.expect("TLS handshake");
+    let mut tls = connector.connect(name, tcp).await?;
     let head = format!(
         "POST {path} HTTP/1.1\r\nHost: istiod.istio-system.svc\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
@@ -97,7 +111,7 @@ async fn post(r: &Running, path: &str, body: &[u8]) -> (u16, String) {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
-    (code, body)
+    Ok((code, body))
 }
 
 fn review(uid: &str, object: Value) -> Vec<u8> {
@@ -144,7 +158,7 @@ fn base64(bytes: &[u8]) -> String {
 
 #[tokio::test]
 async fn admission_reviews_over_tls_allow_valid_and_deny_invalid_config() {
-    let c = cluster(true).await;
+    let c = cluster(true, &[]).await;
     let valid = json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
         "metadata": {"name": "reviews", "namespace": "shop"},
         "spec": {"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "reviews"}}]}]}});
@@ -199,10 +213,112 @@ async fn admission_reviews_over_tls_allow_valid_and_deny_invalid_config() {
 
 #[tokio::test]
 async fn without_the_gateway_crd_validation_turns_fail_closed() {
-    let c = cluster(false).await;
+    let c = cluster(false, &[]).await;
     let bundle = base64(c.istiod.root_cert_pem.as_bytes());
     eventually("caBundle and Fail", || {
         ca_bundle(&c.api) == bundle.as_str() && failure_policy(&c.api) == "Fail"
     })
     .await;
+}
+
+/// A plugged-in CA directory whose signing CA is a fresh self-signed root, trusting
+/// `extra_roots` besides it; returns its root.
+fn plugged_in_ca(dir: &std::path::Path, extra_roots: &str) -> String {
+    let made = tempfile::tempdir().expect("dir");
+    let ca = mesh_identity::CertificateAuthority::self_signed(made.path(), Default::default())
+        .expect("ca");
+    let root = ca.root_cert_pem().to_string();
+    let key = std::fs::read(made.path().join("ca-key.pem")).expect("key");
+    // The kubelet swaps a mounted Secret's files all at once; write the key last so that the
+    // files in between do not load.
+    std::fs::write(dir.join("root-cert.pem"), format!("{root}{extra_roots}")).expect("write");
+    std::fs::write(dir.join("ca-cert.pem"), &root).expect("write");
+    std::fs::write(dir.join("ca-key.pem"), key).expect("write");
+    root
+}
+
+fn root_configmap(api: &FakeApiServer) -> Value {
+    api.get("v1", "ConfigMap", "demo", "istio-ca-root-cert")
+        .map(|c| c["data"]["root-cert.pem"].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[tokio::test]
+async fn a_rotated_plugged_in_root_reaches_configmaps_webhooks_and_serving_certificates() {
+    let cacerts = tempfile::tempdir().expect("cacerts");
+    let old_root = plugged_in_ca(cacerts.path(), "");
+    let c = cluster(
+        false,
+        &[
+            format!("--cacerts-dir={}", cacerts.path().display()),
+            "--cacerts-poll=100ms".into(),
+        ],
+    )
+    .await;
+    assert_eq!(c.istiod.root_cert_pem, old_root);
+    eventually("the old root published", || {
+        root_configmap(&c.api) == old_root.as_str()
+            && ca_bundle(&c.api) == base64(old_root.as_bytes()).as_str()
+    })
+    .await;
+
+    // A key that does not belong to the certificate: refused, counted, the old CA kept.
+    let stranger = tempfile::tempdir().expect("dir");
+    mesh_identity::CertificateAuthority::self_signed(stranger.path(), Default::default())
+        .expect("ca");
+    std::fs::copy(
+        stranger.path().join("ca-key.pem"),
+        cacerts.path().join("ca-key.pem"),
+    )
+    .expect("copy");
+    let metrics_show_error = || async {
+        common::http_get(c.istiod.monitoring_addr, "/metrics")
+            .await
+            .contains("istiod_cacerts_reloads_total{result=\"error\"} 1")
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !metrics_show_error().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reload error counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        root_configmap(&c.api),
+        old_root.as_str(),
+        "last good CA kept"
+    );
+    post_trusting(&c.istiod, &old_root, "/validate", b"{}")
+        .await
+        .expect("still served by the old CA");
+
+    // The new root beside the old one: both published; istiod's own certificate now chains to
+    // the new root alone.
+    let new_root = plugged_in_ca(cacerts.path(), &old_root);
+    let bundle = format!("{new_root}{old_root}");
+    eventually("the new roots published", || {
+        root_configmap(&c.api) == bundle.as_str()
+            && ca_bundle(&c.api) == base64(bundle.as_bytes()).as_str()
+    })
+    .await;
+    let root_file = c._files.1.path().join("root-cert.pem");
+    assert_eq!(
+        std::fs::read_to_string(root_file).expect("root file"),
+        bundle
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while post_trusting(&c.istiod, &new_root, "/validate", b"{}")
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "serving certificate not re-issued by the new CA"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(common::http_get(c.istiod.monitoring_addr, "/metrics")
+        .await
+        .contains("istiod_cacerts_reloads_total{result=\"ok\"}"));
 }

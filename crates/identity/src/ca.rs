@@ -178,6 +178,7 @@ pub struct CertificateAuthority {
     issuer: Issuer<'static, KeyPair>,
     /// Certificates between a leaf and the root, issuing CA first (empty for a self-signed root).
     intermediates_pem: Vec<String>,
+    /// The roots workloads trust (more than one while a root is being rotated).
     root_pem: String,
     issuer_not_after: OffsetDateTime,
     options: CaOptions,
@@ -264,7 +265,8 @@ impl CertificateAuthority {
         &self.source
     }
 
-    /// The root certificate (PEM) that workloads must trust.
+    /// The root certificates (PEM) that workloads must trust: `root-cert.pem` of a plugged-in CA,
+    /// which holds the old and the new root while a root is rotated.
     pub fn root_cert_pem(&self) -> &str {
         &self.root_pem
     }

@@ -93,7 +93,13 @@ pub async fn run(client: Client, mut root: watch::Receiver<String>) {
                 vec![ns]
             }
             Change::ConfigMap(..) => Vec::new(),
-            Change::Root => known.iter().cloned().collect(),
+            Change::Root => {
+                tracing::info!(
+                    namespaces = known.len(),
+                    "the roots changed; rewriting every {CONFIGMAP}"
+                );
+                known.iter().cloned().collect()
+            }
         };
         for ns in todo
             .into_iter()

@@ -15,6 +15,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use serde_json::json;
+use tokio::sync::watch;
 
 use crate::webhook::WEBHOOK_NAME;
 
@@ -24,8 +25,13 @@ const PROBE_RETRY: Duration = Duration::from_secs(1);
 const DENIED: &str = "denied the request";
 const MISSING_RESOURCE: &str = "the server could not find the requested resource";
 
-/// Runs until dropped.
-pub async fn run(client: Client, revision: String, namespace: String, root_cert_pem: String) {
+/// Runs until dropped (or until `roots` closes); a new root is written to every configuration.
+pub async fn run(
+    client: Client,
+    revision: String,
+    namespace: String,
+    mut roots: watch::Receiver<String>,
+) {
     let configs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     let selector = format!("{REVISION_LABEL}={revision}");
     let mut events = watcher(
@@ -34,7 +40,7 @@ pub async fn run(client: Client, revision: String, namespace: String, root_cert_
     )
     .default_backoff()
     .boxed();
-    let ca_bundle = ByteString(root_cert_pem.into_bytes());
+    let mut ca_bundle = ByteString(roots.borrow_and_update().clone().into_bytes());
     let mut known: BTreeMap<String, ()> = BTreeMap::new();
     let mut fail_closed = false;
     let mut probe = tokio::time::interval(PROBE_RETRY);
@@ -58,6 +64,13 @@ pub async fn run(client: Client, revision: String, namespace: String, root_cert_
                     continue;
                 }
                 None => return,
+            },
+            changed = roots.changed() => match changed {
+                Ok(()) => {
+                    ca_bundle = ByteString(roots.borrow_and_update().clone().into_bytes());
+                    tracing::info!("the roots changed; updating the webhooks' caBundle");
+                }
+                Err(_) => return,
             },
             _ = probe.tick(), if !fail_closed => {
                 fail_closed = invalid_config_rejected(&client, &namespace).await;

@@ -52,23 +52,32 @@ pub(crate) fn plugged_in(dir: &Path) -> Result<Material, CaError> {
     let ca = first_cert(&ca_path)?;
     let key = read_key(&key_path)?;
     let ca_not_after = check_signing_cert(&ca, &ca_path, &key, &key_path)?;
-    let root = first_cert(&root_path)?;
+    // During a root rotation root-cert.pem holds the old and the new root: workloads must trust
+    // both, and the chain may end at either.
+    let roots = read_certs(&root_path)?;
+    if roots.is_empty() {
+        return Err(CaError::BadPem {
+            path: root_path,
+            what: "certificate",
+        });
+    }
 
     let mut intermediates = if chain_path.exists() {
         read_certs(&chain_path)?
     } else {
         Vec::new()
     };
-    intermediates.retain(|c| c.der != root.der);
-    if ca.der != root.der && intermediates.first().map(|c| &c.der) != Some(&ca.der) {
+    intermediates.retain(|c| roots.iter().all(|r| r.der != c.der));
+    let ca_is_root = roots.iter().any(|r| r.der == ca.der);
+    if !ca_is_root && intermediates.first().map(|c| &c.der) != Some(&ca.der) {
         intermediates.insert(0, ca.clone());
     }
-    verify_chain(&intermediates, &root)?;
+    verify_chain_to_any(&intermediates, &roots)?;
     Ok(Material {
         key,
         ca_cert_pem: ca.pem,
         intermediates_pem: intermediates.into_iter().map(|c| c.pem).collect(),
-        root_pem: root.pem,
+        root_pem: roots.into_iter().map(|r| r.pem).collect(),
         ca_not_after,
     })
 }
@@ -253,6 +262,23 @@ fn check_signing_cert(
         tracing::warn!(path = %cert_path.display(), %not_after, "CA certificate has expired; issued certificates will not validate");
     }
     Ok(not_after)
+}
+
+/// The chain must end at one of `roots` (the first error is reported when it ends at none).
+fn verify_chain_to_any(chain: &[PemCert], roots: &[PemCert]) -> Result<(), CaError> {
+    let mut first_error = None;
+    for root in roots {
+        match verify_chain(chain, root) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Each certificate must be signed by the next; the last by the root.

@@ -43,13 +43,22 @@ fn der(pem: &str) -> CertificateDer<'static> {
     CertificateDer::from_pem_slice(pem.as_bytes()).expect("certificate PEM")
 }
 
-/// Verifies the chain with webpki to its last element and returns the leaf's DER.
+/// Verifies the chain with webpki to its last element (one or more roots) and returns the
+/// leaf's DER.
 fn verify_chain(chain: &[String]) -> CertificateDer<'static> {
     assert!(chain.len() >= 2, "chain has leaf and root: {chain:?}");
-    let root = der(chain.last().expect("root"));
-    let anchor = webpki::anchor_from_trusted_cert(&root)
-        .expect("anchor")
-        .to_owned();
+    let roots: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(chain.last().expect("root").as_bytes())
+            .collect::<Result<_, _>>()
+            .expect("root PEM");
+    let anchors: Vec<_> = roots
+        .iter()
+        .map(|r| {
+            webpki::anchor_from_trusted_cert(r)
+                .expect("anchor")
+                .to_owned()
+        })
+        .collect();
     let intermediates: Vec<_> = chain[1..chain.len() - 1].iter().map(|p| der(p)).collect();
     let leaf = der(&chain[0]);
     let ee = webpki::EndEntityCert::try_from(&leaf).expect("leaf parses");
@@ -60,7 +69,7 @@ fn verify_chain(chain: &[String]) -> CertificateDer<'static> {
     ] {
         ee.verify_for_usage(
             provider.signature_verification_algorithms.all,
-            std::slice::from_ref(&anchor),
+            &anchors,
             &intermediates,
             UnixTime::now(),
             usage,
@@ -380,6 +389,34 @@ fn plugged_in_intermediate_signs_and_chains_to_root() {
         .sign_csr(&generate_csr(&app()).expect("csr").csr_pem, &app(), None)
         .expect("signed");
     assert_eq!(chain.len(), 3);
+    verify_chain(&chain);
+}
+
+#[test]
+fn a_root_cert_file_with_two_roots_is_the_trust_bundle() {
+    // Rotating a root: the new root is added beside the old one, which still signs.
+    let cacerts = tempfile::tempdir().expect("tempdir");
+    let (old_root, _) = write_plugged_dir(cacerts.path());
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let (new_root, _) = write_plugged_dir(elsewhere.path());
+    let bundle = format!("{new_root}{old_root}");
+    std::fs::write(cacerts.path().join(ROOT_CERT_FILE), &bundle).expect("write");
+    std::fs::write(
+        cacerts.path().join(CERT_CHAIN_FILE),
+        std::fs::read_to_string(cacerts.path().join(CA_CERT_FILE)).expect("read"),
+    )
+    .expect("write");
+    let ca = CertificateAuthority::plugged_in(cacerts.path(), CaOptions::default()).expect("ca");
+    assert_eq!(
+        ca.root_cert_pem(),
+        bundle,
+        "both roots, in the file's order"
+    );
+    let chain = ca
+        .sign_csr(&generate_csr(&app()).expect("csr").csr_pem, &app(), None)
+        .expect("signed");
+    assert_eq!(chain.len(), 3, "leaf, intermediate, the roots");
+    assert_eq!(chain[2], bundle);
     verify_chain(&chain);
 }
 
