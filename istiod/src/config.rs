@@ -72,6 +72,12 @@ pub struct Config {
     #[arg(long, env = "ENABLE_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
     pub enable_leader_election: bool,
 
+    /// On Kubernetes, write status conditions: waypoint binding on Services and ServiceEntries,
+    /// ztunnel and waypoint acceptance on AuthorizationPolicies (one writer, under the Lease
+    /// `istio-status-leader`).
+    #[arg(long, env = "AMBIENT_ENABLE_STATUS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ambient_enable_status: bool,
+
     /// Plaintext xDS.
     #[arg(long, env = "ISTIOD_GRPC_ADDR", default_value = "0.0.0.0:15010")]
     pub grpc_addr: SocketAddr,

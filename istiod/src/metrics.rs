@@ -208,6 +208,26 @@ impl Collector for CaCollector {
     }
 }
 
+/// Labels of `istiod_status_writes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusWriteLabels {
+    /// The kind of the object written (Service, ServiceEntry, AuthorizationPolicy).
+    pub kind: String,
+    /// `ok` or `error`.
+    pub result: String,
+}
+
+/// Registers `istiod_status_writes_total`.
+pub fn register_status_writes(reg: &mut Registry) -> Family<StatusWriteLabels, Counter> {
+    let family = Family::default();
+    reg.register(
+        "istiod_status_writes",
+        "Status writes (server-side apply on /status), by object kind and result",
+        family.clone(),
+    );
+    family
+}
+
 /// Reloads of the plugged-in CA: `istiod_cacerts_reloads_total{result="ok|error"}`.
 #[derive(Debug)]
 pub struct CaReloadCollector(pub Arc<ReloadStats>);

@@ -12,6 +12,9 @@
 //! - an AuthorizationPolicy / PeerAuthentication change recomputes it and the workloads its old
 //!   or new selector matched.
 //!
+//! Each build also works out the status conditions of Services, ServiceEntries and
+//! AuthorizationPolicies (`status`), which istiod writes back on Kubernetes.
+//!
 //! No kube or tonic types appear here: input is `mesh_api::Object`, output `mesh_xds` resources.
 
 mod authz;
@@ -22,6 +25,7 @@ mod peer_auth;
 mod service;
 mod snapshot;
 mod state;
+pub mod status;
 mod waypoints;
 mod workload;
 

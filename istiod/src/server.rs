@@ -249,10 +249,16 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
             revision: config.revision.clone(),
             leader_election: config.enable_leader_election,
             roots: ca.roots(),
+            status: config.ambient_enable_status.then(|| {
+                (
+                    snapshots.clone(),
+                    metrics.register(crate::metrics::register_status_writes),
+                )
+            }),
         };
         let sd = shutdown.clone();
         tasks.spawn(async move {
-            controllers.run(sd.wait()).await;
+            controllers.run(sd).await;
             Ok(())
         });
     }

@@ -288,3 +288,148 @@ async fn two_istiods_one_writes_and_the_other_takes_over() {
     b.shutdown().await.expect("b stops");
     assert_eq!(lock_holder(&api).as_deref(), Some(""), "released on stop");
 }
+
+/// The `type` -> (status, reason, message) of an object's stored conditions.
+fn stored_conditions(
+    api: &FakeApiServer,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+) -> Vec<(String, String, String, String)> {
+    let obj = api
+        .get(api_version, kind, "demo", name)
+        .unwrap_or(Value::Null);
+    obj["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+            (s("type"), s("status"), s("reason"), s("message"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn status_conditions_are_applied_with_istios_field_managers() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tokens = tempfile::NamedTempFile::new().expect("tokens");
+    std::fs::write(tokens.path(), TOKENS).expect("write tokens");
+    let mut types = core_types();
+    types.extend(mesh_crd_types());
+    let api = FakeApiServer::start(types).await.expect("fake API server");
+    for doc in [
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}),
+        serde_json::json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": "waypoint", "namespace": "demo"},
+            "spec": {"gatewayClassName": "istio-waypoint",
+                     "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]},
+            "status": {"addresses": [{"type": "Hostname", "value": "waypoint.demo.svc.cluster.local"}]}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "reviews", "namespace": "demo", "labels": {"istio.io/use-waypoint": "waypoint"}},
+            "spec": {"selector": {"app": "reviews"}, "clusterIP": "10.96.0.30", "ports": [{"name": "http", "port": 80}]}}),
+        serde_json::json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "l4", "namespace": "demo"},
+            "spec": {"action": "ALLOW", "rules": [{"from": [{"source": {"namespaces": ["demo"]}}]}]}}),
+        serde_json::json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": "l7", "namespace": "demo"},
+            "spec": {"targetRefs": [{"kind": "Service", "group": "", "name": "reviews"}],
+                     "action": "ALLOW", "rules": [{"to": [{"operation": {"methods": ["GET"]}}]}]}}),
+    ] {
+        api.seed(doc).expect("seed");
+    }
+    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
+    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let state = tempfile::tempdir().expect("state");
+    let istiod = start(
+        &format!("--kubeconfig={}", kubeconfig.path().display()),
+        &state,
+        &tokens,
+    )
+    .await;
+    let bound = (
+        "istio.io/WaypointBound".to_string(),
+        "True".to_string(),
+        "WaypointAccepted".to_string(),
+        "Successfully attached to waypoint demo/waypoint".to_string(),
+    );
+    assert!(
+        eventually(|| {
+            stored_conditions(&api, "v1", "Service", "reviews") == vec![bound.clone()]
+                && stored_conditions(&api, "security.istio.io/v1", "AuthorizationPolicy", "l4")
+                    .first()
+                    .is_some_and(|c| c.0 == "ZtunnelAccepted" && c.2 == "Accepted")
+                && stored_conditions(&api, "security.istio.io/v1", "AuthorizationPolicy", "l7")
+                    .first()
+                    .is_some_and(|c| c.0 == "WaypointAccepted" && c.3 == "bound to demo/waypoint")
+        })
+        .await,
+        "conditions written"
+    );
+    let lease = api
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            "istio-system",
+            "istio-status-leader",
+        )
+        .expect("the status Lease");
+    assert_eq!(lease["spec"]["holderIdentity"], "istiod-0");
+    let applies = |path: &str, manager: &str| {
+        api.requests().iter().any(|r| {
+            r.starts_with(&format!("PATCH {path}?"))
+                && r.contains(&format!("fieldManager={manager}"))
+                && r.contains("force=true")
+        })
+    };
+    assert!(applies(
+        "/api/v1/namespaces/demo/services/reviews/status",
+        "istio-ambient-service"
+    ));
+    assert!(applies(
+        "/apis/security.istio.io/v1/namespaces/demo/authorizationpolicies/l4/status",
+        "istio-ambient-ztunnel-policy"
+    ));
+    assert!(applies(
+        "/apis/security.istio.io/v1/namespaces/demo/authorizationpolicies/l7/status",
+        "istio-ambient-waypoint-policy"
+    ));
+
+    // Unchanged conditions are not written again.
+    let status_writes = || {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with("PATCH") && r.contains("/status?"))
+            .count()
+    };
+    let before = status_writes();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        status_writes(),
+        before,
+        "no rewrites of unchanged conditions"
+    );
+
+    // The Service leaves the waypoint: its condition is cleared; the policy that targets it
+    // now reports that.
+    api.seed(serde_json::json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "reviews", "namespace": "demo"},
+        "spec": {"selector": {"app": "reviews"}, "clusterIP": "10.96.0.30", "ports": [{"name": "http", "port": 80}]}}))
+        .expect("relabel");
+    assert!(
+        eventually(|| {
+            stored_conditions(&api, "v1", "Service", "reviews").is_empty()
+                && stored_conditions(&api, "security.istio.io/v1", "AuthorizationPolicy", "l7")
+                    .first()
+                    .is_some_and(|c| c.1 == "False" && c.2 == "AncestorNotBound")
+        })
+        .await,
+        "cleared and re-reported"
+    );
+    let metrics = common::http_get(istiod.monitoring_addr, "/metrics").await;
+    assert!(
+        metrics.contains("istiod_status_writes_total{kind=\"Service\",result=\"ok\"} 2"),
+        "{metrics}"
+    );
+}

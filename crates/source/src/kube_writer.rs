@@ -120,8 +120,11 @@ impl ObjectWriter for KubeWriter {
             .await
         {
             Ok(_) => Ok(()),
-            // The object is gone: there is no status to clear.
-            Err(kube::Error::Api(s)) if s.code == 404 && status.is_none() => Ok(()),
+            // The object is gone: it has no status to set or clear.
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                tracing::debug!(object = %key, "no status written: the object is gone");
+                Ok(())
+            }
             Err(e) => Err(self.failed(key, "status apply", e)),
         }
     }

@@ -155,6 +155,7 @@ impl Model {
             created_at: Some(std::time::Instant::now()),
             waypoints: self.waypoints.views.clone(),
             empty_waypoint: Arc::clone(&self.empty_waypoint),
+            statuses: Arc::new(super::status::compute(&self.cfg, &self.state, &self.errors)),
         })
     }
 

@@ -7,6 +7,7 @@ use mesh_xds::{ChangeSet, ResourceMap, XdsSnapshot};
 
 use super::debug;
 use super::state::{NodeIdentities, PodFacts, PodIndex};
+use super::status::Statuses;
 use super::waypoints::{waypoint_of, WaypointViews};
 use super::{BuildStats, ModelError};
 use crate::envoy::{ProxyResources, WaypointKey};
@@ -37,6 +38,8 @@ pub struct Snapshot {
     pub(crate) waypoints: WaypointViews,
     /// What a waypoint with nothing bound to it is served.
     pub(crate) empty_waypoint: Arc<ProxyResources>,
+    /// Status conditions to report on the objects they concern.
+    pub(crate) statuses: Arc<Statuses>,
 }
 
 /// The scope prefix of waypoint proxies: `waypoint:<namespace>/<gateway>`.
@@ -51,6 +54,11 @@ impl Snapshot {
     /// WDS resources (`istio.workload.Address`): workloads by uid, services by `ns/hostname`.
     pub fn addresses(&self) -> &ResourceMap {
         &self.addresses
+    }
+
+    /// Status conditions by object and writer.
+    pub fn statuses(&self) -> &Statuses {
+        &self.statuses
     }
 
     /// `istio.security.Authorization` resources by `ns/name`.

@@ -382,15 +382,15 @@ pub(crate) fn network_of(
         .unwrap_or_else(|| cfg.network.clone())
 }
 
-/// `istio.io/use-waypoint` on the object, else on its namespace (`none` opts out); the
-/// waypoint's namespace comes from `istio.io/use-waypoint-namespace` beside it. A waypoint's
-/// own pods and Service (labelled `gateway.networking.k8s.io/gateway-name`) never use one.
-pub(crate) fn waypoint_from_labels(
-    labels: &BTreeMap<String, String>,
-    obj_ns: &str,
-    ns_labels: &BTreeMap<String, String>,
-    suffix: &str,
-) -> Option<GatewayAddress> {
+/// `istio.io/use-waypoint` on the object, else on its namespace (`none` opts out): the
+/// waypoint's (namespace, name); the namespace comes from `istio.io/use-waypoint-namespace`
+/// beside it. A waypoint's own pods and Service (labelled `gateway.networking.k8s.io/gateway-name`)
+/// never use one.
+pub(crate) fn named_waypoint<'a>(
+    labels: &'a BTreeMap<String, String>,
+    obj_ns: &'a str,
+    ns_labels: &'a BTreeMap<String, String>,
+) -> Option<(&'a str, &'a str)> {
     if labels.contains_key(mesh_api::GATEWAY_NAME_LABEL) {
         return None;
     }
@@ -407,6 +407,17 @@ pub(crate) fn waypoint_from_labels(
         .get(label::USE_WAYPOINT_NAMESPACE)
         .filter(|n| !n.is_empty())
         .map_or(obj_ns, String::as_str);
+    Some((wp_ns, name.as_str()))
+}
+
+/// The waypoint address of [`named_waypoint`], as WDS carries it.
+pub(crate) fn waypoint_from_labels(
+    labels: &BTreeMap<String, String>,
+    obj_ns: &str,
+    ns_labels: &BTreeMap<String, String>,
+    suffix: &str,
+) -> Option<GatewayAddress> {
+    let (wp_ns, name) = named_waypoint(labels, obj_ns, ns_labels)?;
     Some(GatewayAddress {
         destination: Some(gateway_address::Destination::Hostname(NamespacedHostname {
             namespace: wp_ns.to_string(),
