@@ -12,8 +12,12 @@
 //! - Writes are atomic and keep the file's mode.
 //! - Uninstall removes only the `istio-cni` entry (a conflist made from a `.conf` stays a
 //!   conflist, as with Istio), the plugin's kubeconfig and its binary.
+//! - In a pod, the plugin's kubeconfig is written from the service account (`kubeconfig`).
+//! - `repair` keeps all of this in place for as long as the installer runs.
 
 mod conflist;
+pub mod kubeconfig;
+pub mod repair;
 
 use std::fs;
 use std::io::Write;
@@ -23,6 +27,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 pub use conflist::{chain, choose_primary, unchain, CHAINED_NAME, PLUGIN_TYPE};
+pub use kubeconfig::ServiceAccount;
 
 /// What and where to install.
 #[derive(Debug, Clone)]
@@ -37,8 +42,8 @@ pub struct InstallOptions {
     pub conf_name: Option<String>,
     /// The plugin's configuration entry (`type: istio-cni` and its settings).
     pub entry: Value,
-    /// Where the plugin's kubeconfig goes, and its contents.
-    pub kubeconfig: Option<(PathBuf, String)>,
+    /// Where the plugin's kubeconfig goes, and the service account it is made from.
+    pub kubeconfig: Option<(PathBuf, ServiceAccount)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +94,8 @@ pub fn install(opts: &InstallOptions) -> Result<PathBuf, InstallError> {
     let binary = fs::read(&opts.plugin_binary).map_err(io(&opts.plugin_binary))?;
     fs::create_dir_all(&opts.bin_dir).map_err(io(&opts.bin_dir))?;
     write_atomic(&opts.bin_dir.join(PLUGIN_TYPE), &binary, 0o755)?;
-    if let Some((path, contents)) = &opts.kubeconfig {
+    if let Some((path, account)) = &opts.kubeconfig {
+        let contents = account.kubeconfig()?;
         if let Some(dir) = path.parent() {
             fs::create_dir_all(dir).map_err(io(dir))?;
         }

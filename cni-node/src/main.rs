@@ -5,9 +5,10 @@
 //! cni-node status [--state-dir DIR] [-o table|json]   the pods the agent knows and their
 //!                                                     ambient.istio.io/redirection status
 //! cni-node install-cni | uninstall-cni [--net-dir DIR] [--bin-dir DIR] [--plugin FILE]
-//!                                      [--conf-name NAME]
+//!                                      [--conf-name NAME] [--kubeconfig FILE] [--watch]
 //!     chain istio-cni into the node's primary CNI configuration (cni_node::install), or take
-//!     it out
+//!     it out; with --watch, keep it installed and repaired until SIGTERM, then take it out
+//!     unless the istio-cni-node DaemonSet still exists (an upgrade)
 //! ```
 //!
 //! The agent watches the cluster YAML directory (`CLUSTER_CONFIG_DIR`), or on Kubernetes the
@@ -35,7 +36,8 @@ use tracing::{error, info};
 const USAGE: &str = "usage:
   cni-node [run] [--cluster-config-dir DIR]
   cni-node status [--state-dir DIR] [-o table|json]
-  cni-node install-cni | uninstall-cni [--net-dir DIR] [--bin-dir DIR] [--plugin FILE] [--conf-name NAME]";
+  cni-node install-cni | uninstall-cni [--net-dir DIR] [--bin-dir DIR] [--plugin FILE] [--conf-name NAME]
+                                       [--kubeconfig FILE] [--watch]";
 
 #[derive(Debug)]
 enum Command {
@@ -49,6 +51,7 @@ enum Command {
     Install {
         opts: Box<cni_node::install::InstallOptions>,
         remove: bool,
+        watch: bool,
     },
     Help,
 }
@@ -62,7 +65,12 @@ fn main() -> ExitCode {
         }
         Ok(Command::Status { state_dir, json }) => status(&state_dir, json),
         Ok(Command::Run { cluster_dir }) => run(cluster_dir),
-        Ok(Command::Install { opts, remove }) => install_cni(&opts, remove),
+        Ok(Command::Install {
+            opts,
+            remove: false,
+            watch: true,
+        }) => keep_cni_installed(&opts),
+        Ok(Command::Install { opts, remove, .. }) => install_cni(&opts, remove),
         Err(message) => {
             eprintln!("cni-node: {message}\n{USAGE}");
             ExitCode::from(2)
@@ -123,7 +131,8 @@ fn parse_args(args: &[String]) -> Result<Command, String> {
 
 /// `install-cni` / `uninstall-cni` flags, defaulting as Istio's install-cni container mounts
 /// the host: `/host/etc/cni/net.d`, `/host/opt/cni/bin`, the plugin next to this binary;
-/// `CNI_CONF_NAME` names the primary file.
+/// `CNI_CONF_NAME` names the primary file. In a pod, the plugin's kubeconfig is written (from
+/// the service account) and named in its entry.
 fn install_args(rest: &[String], remove: bool) -> Result<Command, String> {
     let exe_dir = std::env::current_exe()
         .ok()
@@ -147,6 +156,8 @@ fn install_args(rest: &[String], remove: bool) -> Result<Command, String> {
         }),
         kubeconfig: None,
     };
+    let mut kubeconfig = PathBuf::from(cni_node::install::kubeconfig::DEFAULT_KUBECONFIG);
+    let mut watch = false;
     let mut it = rest.iter();
     while let Some(arg) = it.next() {
         let mut value = |name: &str| next_value(&mut it, name);
@@ -156,12 +167,20 @@ fn install_args(rest: &[String], remove: bool) -> Result<Command, String> {
             "--bin-dir" => opts.bin_dir = PathBuf::from(value(arg)?),
             "--plugin" => opts.plugin_binary = PathBuf::from(value(arg)?),
             "--conf-name" => opts.conf_name = Some(value(arg)?),
+            "--kubeconfig" => kubeconfig = PathBuf::from(value(arg)?),
+            "--watch" if !remove => watch = true,
             other => return Err(format!("unknown argument {other:?} for install-cni")),
         }
+    }
+    if let Some(account) = cni_node::install::ServiceAccount::in_cluster() {
+        opts.entry["kubernetes"] =
+            serde_json::json!({"kubeconfig": kubeconfig.display().to_string()});
+        opts.kubeconfig = Some((kubeconfig, account));
     }
     Ok(Command::Install {
         opts: Box::new(opts),
         remove,
+        watch,
     })
 }
 
@@ -178,6 +197,58 @@ fn install_cni(opts: &cni_node::install::InstallOptions, remove: bool) -> ExitCo
         }
         Err(e) => {
             eprintln!("cni-node: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// How often `install-cni --watch` checks its work.
+const REPAIR_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+/// The DaemonSet whose continued existence on stop means an upgrade.
+const CNI_DAEMONSET: &str = "istio-cni-node";
+
+fn keep_cni_installed(opts: &cni_node::install::InstallOptions) -> ExitCode {
+    use cni_node::install::repair::{cleanup_unless_upgrading, keep_installed, Cleanup};
+    if let Err(e) = mesh_runtime::telemetry::init() {
+        eprintln!("cni-node: {e}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!(error = %e, "cannot start the async runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let shutdown = mesh_runtime::signal::on_signals()
+            .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+        let in_cluster = opts.kubeconfig.is_some();
+        let cleanup = || async move {
+            if !in_cluster {
+                return Cleanup::Remove;
+            }
+            let namespace =
+                std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "istio-system".into());
+            match mesh_kube::client(None).await {
+                Ok(client) => cleanup_unless_upgrading(client, &namespace, CNI_DAEMONSET).await,
+                Err(e) => {
+                    error!(error = %e, "cannot reach the API server to tell an upgrade; removing istio-cni");
+                    Cleanup::Remove
+                }
+            }
+        };
+        keep_installed(opts, REPAIR_INTERVAL, shutdown.wait(), cleanup)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
             ExitCode::FAILURE
         }
     }

@@ -141,3 +141,31 @@ async fn the_agent_follows_its_nodes_pods_and_annotates_them() {
         .expect("agent stops")
         .expect("agent task");
 }
+
+#[tokio::test]
+async fn the_installer_keeps_the_plugin_while_its_daemonset_lives() {
+    use cni_node::install::repair::{cleanup_unless_upgrading, Cleanup};
+    let api = FakeApiServer::start(core_types()).await.expect("fake API");
+    let client = api.client();
+    let daemonset = |deleting: bool| {
+        let mut ds = serde_json::json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "istio-cni-node", "namespace": "istio-system"},
+            "spec": {"selector": {"matchLabels": {"k8s-app": "istio-cni-node"}},
+                     "template": {"metadata": {"labels": {"k8s-app": "istio-cni-node"}},
+                                  "spec": {"containers": [{"name": "install-cni", "image": "cni"}]}}}});
+        if deleting {
+            ds["metadata"]["deletionTimestamp"] = serde_json::json!("2026-12-01T00:00:00Z");
+        }
+        ds
+    };
+    let decide = || cleanup_unless_upgrading(client.clone(), "istio-system", "istio-cni-node");
+    assert_eq!(decide().await, Cleanup::Remove, "no DaemonSet: uninstalled");
+    api.seed(daemonset(false)).expect("seed");
+    assert_eq!(decide().await, Cleanup::Keep, "an upgrade or a restart");
+    api.seed(daemonset(true)).expect("seed");
+    assert_eq!(
+        decide().await,
+        Cleanup::Remove,
+        "the DaemonSet is being deleted"
+    );
+}

@@ -117,6 +117,7 @@ pub fn core_types() -> Vec<ResourceType> {
             true,
         ),
         ResourceType::new("apps", "v1", "deployments", "Deployment", true).with_status(),
+        ResourceType::new("apps", "v1", "daemonsets", "DaemonSet", true).with_status(),
         ResourceType::new("coordination.k8s.io", "v1", "leases", "Lease", true),
         ResourceType::new(
             "admissionregistration.k8s.io",
