@@ -32,6 +32,7 @@ fn manifests() -> Vec<String> {
         pod("server-1", "10.244.1.10", "node1", "server"),
         pod("server-2", "10.244.2.10", "node2", "server"),
         pod("client", "10.244.1.11", "node1", "client"),
+        "apiVersion: v1\nkind: Node\nmetadata:\n  name: node1\n  labels:\n    topology.kubernetes.io/region: eu-west1\n    topology.kubernetes.io/zone: eu-west1-b\n".to_string(),
         "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: allow-client\n  namespace: demo\nspec:\n  selector:\n    matchLabels: {app: server}\n  action: ALLOW\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/demo/sa/client\"]\n".to_string(),
     ]
 }
@@ -110,6 +111,14 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
         b.iter().map(|(n, _)| n).collect::<Vec<_>>()
     );
     assert_eq!(a, b, "same resources, byte for byte");
+    let zone = b"eu-west1-b";
+    assert!(
+        b.iter().any(
+            |(n, body)| n.ends_with("/server-1") && body.windows(zone.len()).any(|w| w == zone)
+        ),
+        "node1's zone is its pods' locality: {:?}",
+        b.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
 
     // A change through the API reaches the snapshot.
     let mut snaps = from_api.snapshots.clone();

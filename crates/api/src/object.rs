@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     ApiError, AuthorizationPolicy, Deployment, DestinationRule, Gateway, GatewayClass, GrpcRoute,
-    HttpRoute, Namespace, ObjectMeta, PeerAuthentication, Pod, Service, ServiceAccount,
+    HttpRoute, Namespace, Node, ObjectMeta, PeerAuthentication, Pod, Service, ServiceAccount,
     ServiceEntry, TcpRoute, VirtualService, WorkloadEntry,
 };
 
@@ -29,11 +29,12 @@ pub enum Kind {
     DestinationRule,
     GrpcRoute,
     TcpRoute,
+    Node,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 16] = [
+    pub const ALL: [Kind; 17] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -50,6 +51,7 @@ impl Kind {
         Kind::DestinationRule,
         Kind::GrpcRoute,
         Kind::TcpRoute,
+        Kind::Node,
     ];
 
     /// Every kind with its `apiVersion`, for messages (`v1 Namespace, v1 Pod, ...`).
@@ -80,13 +82,14 @@ impl Kind {
             Kind::DestinationRule => "DestinationRule",
             Kind::GrpcRoute => "GRPCRoute",
             Kind::TcpRoute => "TCPRoute",
+            Kind::Node => "Node",
         }
     }
 
     /// API groups (without version) this kind is served under.
     fn group(self) -> &'static str {
         match self {
-            Kind::Namespace | Kind::Pod | Kind::Service | Kind::ServiceAccount => "",
+            Kind::Namespace | Kind::Pod | Kind::Service | Kind::ServiceAccount | Kind::Node => "",
             Kind::Deployment => "apps",
             Kind::ServiceEntry
             | Kind::WorkloadEntry
@@ -119,7 +122,7 @@ impl Kind {
 
     /// Whether objects of this kind live in a namespace.
     pub fn namespaced(self) -> bool {
-        !matches!(self, Kind::Namespace | Kind::GatewayClass)
+        !matches!(self, Kind::Namespace | Kind::GatewayClass | Kind::Node)
     }
 
     /// The `apiVersion` objects of this kind are written with.
@@ -193,6 +196,7 @@ pub enum Object {
     DestinationRule(Box<DestinationRule>),
     GrpcRoute(Box<GrpcRoute>),
     TcpRoute(Box<TcpRoute>),
+    Node(Box<Node>),
 }
 
 impl Object {
@@ -214,6 +218,7 @@ impl Object {
             Object::DestinationRule(_) => Kind::DestinationRule,
             Object::GrpcRoute(_) => Kind::GrpcRoute,
             Object::TcpRoute(_) => Kind::TcpRoute,
+            Object::Node(_) => Kind::Node,
         }
     }
 
@@ -235,6 +240,7 @@ impl Object {
             Object::DestinationRule(o) => &o.metadata,
             Object::GrpcRoute(o) => &o.metadata,
             Object::TcpRoute(o) => &o.metadata,
+            Object::Node(o) => &o.metadata,
         }
     }
 
@@ -285,6 +291,7 @@ impl Object {
             Kind::DestinationRule => Object::DestinationRule(decode(kind, &name, value)?),
             Kind::GrpcRoute => Object::GrpcRoute(decode(kind, &name, value)?),
             Kind::TcpRoute => Object::TcpRoute(decode(kind, &name, value)?),
+            Kind::Node => Object::Node(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -338,6 +345,7 @@ impl Object {
             Object::DestinationRule(o) => &mut o.metadata,
             Object::GrpcRoute(o) => &mut o.metadata,
             Object::TcpRoute(o) => &mut o.metadata,
+            Object::Node(o) => &mut o.metadata,
         }
     }
 }

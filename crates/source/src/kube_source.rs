@@ -117,6 +117,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::DestinationRule => "destinationrules",
         Kind::GrpcRoute => "grpcroutes",
         Kind::TcpRoute => "tcproutes",
+        Kind::Node => "nodes",
     }
 }
 

@@ -357,3 +357,64 @@ fn duplicate_service_entry_host_first_keeps_it() {
     );
     assert!(s.errors().is_empty());
 }
+
+fn node(labels: serde_json::Value, heartbeat: &str) -> mesh_api::Object {
+    super::testing::obj(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-1", "labels": labels},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": heartbeat}]},
+    }))
+}
+
+#[test]
+fn a_pods_locality_is_its_nodes_topology_and_follows_it() {
+    let mut m = model();
+    m.apply(pod("ns", "a", "10.0.0.1", json!({})));
+    m.apply(pod("ns", "b", "10.0.0.2", json!({})));
+    let s = m.build();
+    assert_eq!(
+        workload(&s, &uid("ns", "a")).expect("a").locality,
+        None,
+        "no Node yet"
+    );
+    m.apply(node(
+        json!({"topology.kubernetes.io/region": "eu-west1", "topology.kubernetes.io/zone": "eu-west1-b",
+               "topology.istio.io/subzone": "rack7"}),
+        "2026-12-01T00:00:00Z",
+    ));
+    let s = m.build();
+    let loc = workload(&s, &uid("ns", "a"))
+        .expect("a")
+        .locality
+        .expect("locality");
+    assert_eq!(
+        (loc.region.as_str(), loc.zone.as_str(), loc.subzone.as_str()),
+        ("eu-west1", "eu-west1-b", "rack7")
+    );
+    assert!(workload(&s, &uid("ns", "b")).expect("b").locality.is_some());
+
+    // A heartbeat (status only) recomputes nothing but the Node itself.
+    let before = m.recomputed_total();
+    m.apply(node(
+        json!({"topology.kubernetes.io/region": "eu-west1", "topology.kubernetes.io/zone": "eu-west1-b",
+               "topology.istio.io/subzone": "rack7"}),
+        "2026-12-01T00:00:10Z",
+    ));
+    m.build();
+    assert_eq!(m.recomputed_total() - before, 1, "only the Node");
+
+    // New zone: both pods move; the Node gone: no locality.
+    m.apply(node(
+        json!({"topology.kubernetes.io/zone": "eu-west1-c"}),
+        "2026-12-01T00:00:20Z",
+    ));
+    let s = m.build();
+    let loc = workload(&s, &uid("ns", "b"))
+        .expect("b")
+        .locality
+        .expect("locality");
+    assert_eq!((loc.region.as_str(), loc.zone.as_str()), ("", "eu-west1-c"));
+    m.delete(&ObjectKey::new(Kind::Node, "", "node-1"));
+    let s = m.build();
+    assert_eq!(workload(&s, &uid("ns", "a")).expect("a").locality, None);
+}

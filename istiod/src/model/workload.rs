@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use mesh_api::{label, Namespace, Pod, Service, ServiceEntry, WorkloadEntrySpec};
+use mesh_api::{label, Namespace, Node, Pod, Service, ServiceEntry, WorkloadEntrySpec};
 use mesh_proto::workload::{
-    gateway_address, GatewayAddress, NamespacedHostname, NetworkMode, Port, PortList,
+    gateway_address, GatewayAddress, Locality, NamespacedHostname, NetworkMode, Port, PortList,
     TunnelProtocol, Workload, WorkloadStatus, WorkloadType,
 };
 
@@ -28,6 +28,8 @@ pub struct WorkloadInputs<'a> {
     pub service_entries: &'a [&'a ServiceEntry],
     /// Selector-scoped policies that select it, as `ns/name`, sorted.
     pub policies: &'a [String],
+    /// The Node a pod runs on (its topology labels give the pod's locality).
+    pub node: Option<&'a Node>,
 }
 
 impl WorkloadInputs<'_> {
@@ -93,6 +95,7 @@ pub fn pod_to_workload(
         service_account: mesh_api::pod_service_account(pod),
         waypoint: waypoint_from_labels(labels, ns, inp.ns_labels(), &inp.cfg.domain_suffix),
         node: spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
+        locality: inp.node.and_then(node_locality),
         canonical_name,
         canonical_revision,
         workload_type: workload_type as i32,
@@ -165,6 +168,7 @@ fn entry_base(
             spec.service_account.clone()
         },
         waypoint: waypoint_from_labels(labels, ns, inp.ns_labels(), &inp.cfg.domain_suffix),
+        locality: split_locality(&spec.locality),
         canonical_name,
         canonical_revision,
         workload_type: WorkloadType::Pod as i32,
@@ -175,6 +179,35 @@ fn entry_base(
         cluster_id: inp.cfg.cluster_id.clone(),
         ..Default::default()
     }
+}
+
+fn locality(region: &str, zone: &str, subzone: &str) -> Option<Locality> {
+    let l = Locality {
+        region: region.to_string(),
+        zone: zone.to_string(),
+        subzone: subzone.to_string(),
+    };
+    (!(l.region.is_empty() && l.zone.is_empty() && l.subzone.is_empty())).then_some(l)
+}
+
+/// A pod's locality: its Node's `topology.kubernetes.io/region`, `topology.kubernetes.io/zone`
+/// and `topology.istio.io/subzone` labels (none when all three are missing).
+pub(crate) fn node_locality(node: &Node) -> Option<Locality> {
+    let labels = meta_labels(&node.metadata);
+    let get = |k: &str| labels.get(k).map(String::as_str).unwrap_or_default();
+    locality(
+        get(label::TOPOLOGY_REGION),
+        get(label::TOPOLOGY_ZONE),
+        get(label::TOPOLOGY_SUBZONE),
+    )
+}
+
+/// A WorkloadEntry's `locality`: `region/zone/subzone`, trailing parts optional.
+fn split_locality(value: &str) -> Option<Locality> {
+    let mut parts = value.splitn(3, '/');
+    let mut next = || parts.next().unwrap_or_default();
+    let (region, zone, subzone) = (next(), next(), next());
+    locality(region, zone, subzone)
 }
 
 /// The `services` map of a WorkloadEntry: Services and ServiceEntries that select it.

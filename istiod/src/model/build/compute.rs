@@ -64,12 +64,23 @@ impl Model {
         let services = self.selecting_services(&key.namespace, labels);
         let entries = self.selecting_entries(&key.namespace, labels);
         let policies = self.policy_keys(&key.namespace, labels);
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .and_then(
+                |n| match self.state.get(&ObjectKey::new(Kind::Node, "", n)) {
+                    Some(Object::Node(node)) => Some(&**node),
+                    _ => None,
+                },
+            );
         let inputs = WorkloadInputs {
             cfg: &self.cfg,
             namespace: self.state.namespace(&key.namespace),
             services: &services,
             service_entries: &entries,
             policies: &policies,
+            node,
         };
         match pod_to_workload(&inputs, pod) {
             Ok(Some(w)) => self.workload_output(w, true),
@@ -104,6 +115,7 @@ impl Model {
             services: &services,
             service_entries: &entries,
             policies: &policies,
+            node: None,
         };
         let svc_ports = match se {
             None => entry_services(&inputs, &spec.ports),

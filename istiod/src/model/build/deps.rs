@@ -58,6 +58,22 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
         | Kind::VirtualService
         | Kind::DestinationRule => {}
         Kind::Deployment | Kind::ServiceAccount => {}
+        // A Node's topology labels are its pods' locality; its status (heartbeats) is not read.
+        Kind::Node => {
+            let locality = |o: Option<&Object>| match o {
+                Some(Object::Node(n)) => crate::model::workload::node_locality(n),
+                _ => None,
+            };
+            if locality(old) != locality(new) {
+                out.extend(
+                    m.state
+                        .pods
+                        .iter()
+                        .filter(|(_, facts)| facts.node.as_deref() == Some(key.name.as_str()))
+                        .map(|((ns, name), _)| ObjectKey::new(Kind::Pod, ns.clone(), name.clone())),
+                );
+            }
+        }
         // A class's traffic-type default: as a Gateway's change, for all of them (rare).
         Kind::GatewayClass => {
             if labels_of(old).and_then(|l| l.get(mesh_api::label::WAYPOINT_FOR))

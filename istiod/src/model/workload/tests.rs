@@ -32,6 +32,7 @@ fn convert(pod: Value, ns_labels: Value, services: &[&Service]) -> Workload {
         services,
         service_entries: &[],
         policies: &[],
+        node: None,
     };
     pod_to_workload(&inp, &as_pod(pod))
         .expect("valid pod")
@@ -183,6 +184,7 @@ fn pods_without_workload() {
         services: &[],
         service_entries: &[],
         policies: &[],
+        node: None,
     };
     for status in [
         json!({"phase": "Pending"}),
@@ -435,6 +437,7 @@ fn policies_are_copied() {
         services: &[],
         service_entries: &[],
         policies: &policies,
+        node: None,
     };
     let w = pod_to_workload(&inp, &as_pod(base()))
         .expect("ok")
@@ -451,10 +454,12 @@ fn workload_entry_conversion() {
         services: &[],
         service_entries: &[],
         policies: &[],
+        node: None,
     };
     let spec: WorkloadEntrySpec = serde_json::from_value(json!({
         "address": "192.168.1.5", "network": "vm-net", "serviceAccount": "vm",
         "labels": {"app": "legacy", "istio.io/dataplane-mode": "ambient"},
+        "locality": "us-east1/us-east1-a",
     }))
     .expect("spec");
     let uid = workload_entry_uid("Kubernetes", "ns", "vm1");
@@ -464,6 +469,11 @@ fn workload_entry_conversion() {
         .expect("workload");
     assert_eq!(w.uid, uid);
     assert_eq!(w.addresses, vec![vec![192, 168, 1, 5]]);
+    let loc = w.locality.clone().expect("locality");
+    assert_eq!(
+        (loc.region.as_str(), loc.zone.as_str(), loc.subzone.as_str()),
+        ("us-east1", "us-east1-a", "")
+    );
     assert_eq!(w.network, "vm-net");
     assert_eq!(w.service_account, "vm");
     assert_eq!(w.canonical_name, "legacy");
