@@ -10,6 +10,7 @@ pub mod debug;
 pub mod envoy;
 pub mod kube;
 pub mod live_ca;
+pub mod mesh_config;
 pub mod metrics;
 pub mod model;
 pub mod push;

@@ -31,6 +31,8 @@ pub enum ModelEvent {
     Deleted(ObjectKey),
     /// The source has delivered its initial state.
     Synced,
+    /// The model's settings changed (the mesh config).
+    Reconfigure(Box<crate::model::ModelConfig>),
 }
 
 /// Debounce timings.
@@ -120,6 +122,7 @@ fn apply(model: &mut Model, event: ModelEvent, synced: &mut bool) -> bool {
     match event {
         ModelEvent::Applied(obj) => model.apply(obj),
         ModelEvent::Deleted(key) => model.delete(&key),
+        ModelEvent::Reconfigure(cfg) => model.reconfigure(*cfg),
         ModelEvent::Synced => {
             if !*synced {
                 tracing::info!("source synced: publishing the first snapshot");

@@ -170,7 +170,7 @@ fn local(l: &TcpListener, fallback: SocketAddr) -> SocketAddr {
 }
 
 /// Starts every part of istiod and returns once all listeners are bound.
-pub async fn start(config: Config) -> Result<Running, ServerError> {
+pub async fn start(mut config: Config) -> Result<Running, ServerError> {
     config.validate()?;
     std::fs::create_dir_all(&config.state_dir).map_err(|source| ServerError::StateDir {
         path: config.state_dir.clone(),
@@ -181,6 +181,17 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     readiness.register("config synced");
     let metrics = Metrics::new();
     let mut tasks = JoinSet::new();
+
+    // On Kubernetes, one API client for the source, the CA's token reviews and the writers;
+    // the mesh config's fields go over the flags before the CA and the model start.
+    let kube = match &config.config_dir {
+        Some(_) => None,
+        None => Some(kube_client(config.kubeconfig.as_deref()).await?),
+    };
+    let flags = model_config(&config);
+    if let Some(client) = &kube {
+        apply_mesh_config(client, &mut config).await;
+    }
 
     let ca_options = CaOptions {
         trust_domain: config.trust_domain.clone(),
@@ -213,11 +224,6 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
         ));
     }
     metrics.register(|r| r.register_collector(Box::new(CaReloadCollector(reload_stats))));
-    // On Kubernetes, one API client for the source, the CA's token reviews and the writers.
-    let kube = match &config.config_dir {
-        Some(_) => None,
-        None => Some(kube_client(config.kubeconfig.as_deref()).await?),
-    };
     let authenticator: Arc<dyn Authenticator> = match (&config.tokens_file, &kube) {
         (Some(file), _) => Arc::new(TokenFileAuthenticator::new(file)?),
         (None, Some(client)) => Arc::new(TokenReviewAuthenticator::new(
@@ -238,8 +244,14 @@ pub async fn start(config: Config) -> Result<Running, ServerError> {
     };
 
     let mut pipeline = JoinSet::new();
-    let (snapshots, source_errors) =
-        start_pipeline(&config, kube.clone(), &metrics, &readiness, &mut pipeline);
+    let (snapshots, source_errors) = start_pipeline(
+        &config,
+        &flags,
+        kube.clone(),
+        &metrics,
+        &readiness,
+        &mut pipeline,
+    );
     tasks.spawn(supervise_pipeline(pipeline, shutdown.clone()));
     if let Some(client) = &kube {
         let controllers = crate::kube::Controllers {
@@ -428,6 +440,7 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Clien
 /// Source -> (adapter) -> debounce/model -> watch channel of snapshots.
 fn start_pipeline(
     config: &Config,
+    flags: &ModelConfig,
     kube: Option<kube::Client>,
     metrics: &Metrics,
     readiness: &Readiness,
@@ -446,6 +459,16 @@ fn start_pipeline(
         ))),
         (None, None) => None,
         (None, Some(client)) => {
+            tasks.spawn({
+                let (client, events) = (client.clone(), ev_tx.clone());
+                let name = crate::mesh_config::configmap_name(&config.revision);
+                let namespace = config.pod_namespace.clone();
+                let (base, current) = (flags.clone(), model_config(config));
+                async move {
+                    crate::mesh_config::watch(client, namespace, name, base, current, events).await;
+                    Ok(())
+                }
+            });
             let source = KubeSource::new(client, KubeOptions::default());
             let stats = source.stats();
             metrics.register(|r| r.register_collector(Box::new(KubeSourceCollector(stats))));
@@ -490,14 +513,7 @@ fn start_pipeline(
         }
         Ok(())
     });
-    let model = Model::new(ModelConfig {
-        cluster_id: config.cluster_id.clone(),
-        trust_domain: config.trust_domain.clone(),
-        domain_suffix: config.domain_suffix.clone(),
-        root_namespace: config.root_namespace.clone(),
-        access_log_file: config.access_log_file.clone(),
-        network: config.network.clone(),
-    });
+    let model = Model::new(model_config(config));
     let debounce = DebounceConfig {
         after: config.debounce_after,
         max: config.debounce_max,
@@ -516,6 +532,48 @@ fn start_pipeline(
         Ok(())
     });
     (snap_rx, errors)
+}
+
+/// The model's settings from istiod's configuration.
+fn model_config(config: &Config) -> ModelConfig {
+    ModelConfig {
+        cluster_id: config.cluster_id.clone(),
+        trust_domain: config.trust_domain.clone(),
+        domain_suffix: config.domain_suffix.clone(),
+        root_namespace: config.root_namespace.clone(),
+        access_log_file: config.access_log_file.clone(),
+        network: config.network.clone(),
+    }
+}
+
+/// How long start-up waits for the mesh config before going on with the flags (the watcher
+/// applies it later).
+const MESH_CONFIG_WAIT: Duration = Duration::from_secs(5);
+
+/// Puts the mesh config's fields over the flags in `config`.
+async fn apply_mesh_config(client: &kube::Client, config: &mut Config) {
+    let name = crate::mesh_config::configmap_name(&config.revision);
+    let read = crate::mesh_config::read(client, &config.pod_namespace, &name);
+    let mesh = match tokio::time::timeout(MESH_CONFIG_WAIT, read).await {
+        Ok(Ok(Some(mesh))) => mesh,
+        Ok(Ok(None)) => {
+            tracing::info!(configmap = %format!("{}/{name}", config.pod_namespace), "no mesh config; using the flags");
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "mesh config not applied at start; using the flags");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("the API server did not answer for the mesh config in time; using the flags until it does");
+            return;
+        }
+    };
+    let cfg = mesh.over(&model_config(config));
+    tracing::info!(trust_domain = %cfg.trust_domain, root_namespace = %cfg.root_namespace, access_log_file = %cfg.access_log_file, "mesh config applied");
+    config.trust_domain = cfg.trust_domain;
+    config.root_namespace = cfg.root_namespace;
+    config.access_log_file = cfg.access_log_file;
 }
 
 /// Accepted connections with TCP_NODELAY (small xDS deltas must not wait for Nagle) and TCP

@@ -187,14 +187,15 @@ async fn eventually(f: impl FnMut() -> bool) -> bool {
     mesh_testutil::eventually(WAIT, f).await
 }
 
-/// A fake API server with the core types and `namespaces`, and the tokens file.
+/// A fake API server with the core types, the mesh's CRDs and `namespaces`, and the tokens
+/// file.
 async fn api_with_namespaces(namespaces: &[&str]) -> (FakeApiServer, tempfile::NamedTempFile) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let tokens = tempfile::NamedTempFile::new().expect("tokens");
     std::fs::write(tokens.path(), TOKENS).expect("write tokens");
-    let api = FakeApiServer::start(core_types())
-        .await
-        .expect("fake API server");
+    let mut types = core_types();
+    types.extend(mesh_crd_types());
+    let api = FakeApiServer::start(types).await.expect("fake API server");
     for ns in namespaces {
         api.seed(
             serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
@@ -440,5 +441,83 @@ async fn status_conditions_are_applied_with_istios_field_managers() {
     assert!(
         metrics.contains("istiod_status_writes_total{kind=\"Service\",result=\"ok\"} 2"),
         "{metrics}"
+    );
+}
+
+/// The scope of the served Authorization `ns/name`, if served.
+fn policy_scope(r: &Running, key: &str) -> Option<i32> {
+    use prost::Message;
+    let s = r.snapshots.borrow().clone();
+    let res = s.authorizations().get(key)?;
+    mesh_proto::security::Authorization::decode(res.body.value.as_slice())
+        .ok()
+        .map(|a| a.scope)
+}
+
+#[tokio::test]
+async fn the_mesh_config_configmap_sets_the_trust_domain_and_the_root_namespace() {
+    use mesh_proto::security::Scope;
+    let (api, tokens) = api_with_namespaces(&["istio-system", "mesh-root", "demo"]).await;
+    let mesh = |root: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "istio", "namespace": "istio-system"},
+            "data": {"mesh": format!("trustDomain: example.org\nrootNamespace: {root}\ndefaultConfig:\n  discoveryAddress: istiod.istio-system.svc:15012\n")}})
+    };
+    api.seed(mesh("mesh-root")).expect("mesh config");
+    let pod: Value = serde_yaml::from_str(&pod_yaml(&PodSpec {
+        namespace: "demo",
+        name: "app",
+        ip: "10.244.1.20",
+        node: "node1",
+        service_account: "app",
+        labels: &[],
+    }))
+    .expect("pod");
+    api.seed(pod).expect("pod");
+    api.seed(serde_json::json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "deny-nothing", "namespace": "mesh-root"},
+        "spec": {"action": "DENY", "rules": [{"from": [{"source": {"namespaces": ["nowhere"]}}]}]}}))
+        .expect("policy");
+    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
+    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let state = tempfile::tempdir().expect("state");
+    let istiod = start(
+        &format!("--kubeconfig={}", kubeconfig.path().display()),
+        &state,
+        &tokens,
+    )
+    .await;
+    // The trust domain at start: workloads carry it.
+    let td = b"example.org";
+    assert!(
+        served(&istiod)
+            .iter()
+            .any(|(n, body)| n.ends_with("/app") && body.windows(td.len()).any(|w| w == td)),
+        "the workload's trust domain is the mesh config's"
+    );
+    assert_eq!(
+        policy_scope(&istiod, "mesh-root/deny-nothing"),
+        Some(Scope::Global as i32),
+        "a selector-less policy in the mesh config's root namespace is mesh-wide"
+    );
+
+    // The root namespace changes at runtime: the policy is now only its namespace's.
+    api.seed(mesh("istio-system")).expect("mesh config");
+    assert!(
+        eventually(
+            || policy_scope(&istiod, "mesh-root/deny-nothing") == Some(Scope::Namespace as i32)
+        )
+        .await,
+        "re-scoped without a restart"
+    );
+    // A mesh that does not parse changes nothing.
+    api.seed(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "istio", "namespace": "istio-system"},
+        "data": {"mesh": "rootNamespace: [mesh-root]\n"}}))
+        .expect("bad mesh config");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        policy_scope(&istiod, "mesh-root/deny-nothing"),
+        Some(Scope::Namespace as i32)
     );
 }

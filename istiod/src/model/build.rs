@@ -35,6 +35,23 @@ struct Produced {
     authorizations: BTreeSet<String>,
 }
 
+/// What a waypoint with nothing bound to it is served.
+fn empty_waypoint(cfg: &ModelConfig) -> Arc<crate::envoy::ProxyResources> {
+    Arc::new(crate::envoy::generate_waypoint(
+        &crate::envoy::WaypointInputs {
+            key: crate::envoy::WaypointKey {
+                namespace: String::new(),
+                name: String::new(),
+            },
+            trust_domain: cfg.trust_domain.clone(),
+            domain_suffix: cfg.domain_suffix.clone(),
+            access_log_file: cfg.access_log_file.clone(),
+            services: Vec::new(),
+        },
+        0,
+    ))
+}
+
 /// Cluster state plus the resources derived from it; see the module docs of `model`.
 #[derive(Debug)]
 pub struct Model {
@@ -72,21 +89,26 @@ impl Model {
             version: 0,
             recomputed_total: 0,
             waypoints: WaypointIndex::default(),
-            empty_waypoint: Arc::new(crate::envoy::generate_waypoint(
-                &crate::envoy::WaypointInputs {
-                    key: crate::envoy::WaypointKey {
-                        namespace: String::new(),
-                        name: String::new(),
-                    },
-                    trust_domain: cfg.trust_domain.clone(),
-                    domain_suffix: cfg.domain_suffix.clone(),
-                    access_log_file: cfg.access_log_file.clone(),
-                    services: Vec::new(),
-                },
-                0,
-            )),
+            empty_waypoint: empty_waypoint(&cfg),
             cfg,
         }
+    }
+
+    /// Takes new settings (a changed mesh config): everything is recomputed at the next build,
+    /// and only what comes out different is pushed.
+    pub fn reconfigure(&mut self, cfg: ModelConfig) {
+        if cfg == self.cfg {
+            return;
+        }
+        tracing::info!(?cfg, "model settings changed; recomputing everything");
+        let old_strict = self.static_strict_key();
+        self.cfg = cfg;
+        self.empty_waypoint = empty_waypoint(&self.cfg);
+        self.dirty.extend(self.state.keys());
+        self.dirty.extend(self.produced.keys().cloned());
+        self.dirty.insert(old_strict);
+        self.dirty.insert(self.static_strict_key());
+        self.waypoints.mark_all();
     }
 
     pub fn config(&self) -> &ModelConfig {

@@ -72,6 +72,11 @@ impl State {
         Some(old)
     }
 
+    /// Every object's key.
+    pub fn keys(&self) -> impl Iterator<Item = ObjectKey> + '_ {
+        self.objects.keys().cloned()
+    }
+
     pub fn get(&self, key: &ObjectKey) -> Option<&Object> {
         self.objects.get(key).map(|o| &**o)
     }

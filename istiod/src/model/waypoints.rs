@@ -215,6 +215,17 @@ impl WaypointIndex {
         self.dirty.extend(wps);
     }
 
+    /// Marks every known waypoint for regeneration (the model's settings changed).
+    pub fn mark_all(&mut self) {
+        let known: Vec<WaypointKey> = self
+            .bound
+            .keys()
+            .chain(self.views.keys())
+            .cloned()
+            .collect();
+        self.dirty.extend(known);
+    }
+
     /// Regenerates every marked waypoint against the committed state.
     pub fn rebuild(
         &mut self,
