@@ -21,6 +21,7 @@ mod authz;
 mod build;
 mod claims;
 mod debug;
+mod endpoint_slice;
 mod peer_auth;
 mod service;
 mod snapshot;
@@ -35,6 +36,7 @@ use serde::Serialize;
 
 pub use authz::{convert_authorization_policy, PolicyConversion};
 pub use build::Model;
+pub use endpoint_slice::slice_to_workloads;
 pub use peer_auth::{static_strict_policy, STATIC_STRICT_POLICY_NAME};
 pub use service::{service_entry_to_services, service_to_service};
 pub use snapshot::{Snapshot, CHANGE_LOG_LEN};

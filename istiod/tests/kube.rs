@@ -32,6 +32,8 @@ fn manifests() -> Vec<String> {
         pod("server-1", "10.244.1.10", "node1", "server"),
         pod("server-2", "10.244.2.10", "node2", "server"),
         pod("client", "10.244.1.11", "node1", "client"),
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: db\n  namespace: demo\nspec:\n  clusterIP: 10.96.0.40\n  ports:\n  - name: pg\n    port: 5432\n".to_string(),
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: db-manual\n  namespace: demo\n  labels:\n    kubernetes.io/service-name: db\naddressType: IPv4\nports:\n- name: pg\n  port: 5432\n  protocol: TCP\nendpoints:\n- addresses: [192.168.9.1]\n".to_string(),
         "apiVersion: v1\nkind: Node\nmetadata:\n  name: node1\n  labels:\n    topology.kubernetes.io/region: eu-west1\n    topology.kubernetes.io/zone: eu-west1-b\n".to_string(),
         "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: allow-client\n  namespace: demo\nspec:\n  selector:\n    matchLabels: {app: server}\n  action: ALLOW\n  rules:\n  - from:\n    - source:\n        principals: [\"cluster.local/ns/demo/sa/client\"]\n".to_string(),
     ]
@@ -111,6 +113,12 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
         b.iter().map(|(n, _)| n).collect::<Vec<_>>()
     );
     assert_eq!(a, b, "same resources, byte for byte");
+    assert!(
+        b.iter()
+            .any(|(n, _)| n
+                == "Kubernetes/discovery.k8s.io/EndpointSlice/demo/db-manual/192.168.9.1"),
+        "the hand-made endpoint is a workload"
+    );
     let zone = b"eu-west1-b";
     assert!(
         b.iter().any(

@@ -5,9 +5,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    ApiError, AuthorizationPolicy, Deployment, DestinationRule, Gateway, GatewayClass, GrpcRoute,
-    HttpRoute, Namespace, Node, ObjectMeta, PeerAuthentication, Pod, Service, ServiceAccount,
-    ServiceEntry, TcpRoute, VirtualService, WorkloadEntry,
+    ApiError, AuthorizationPolicy, Deployment, DestinationRule, EndpointSlice, Gateway,
+    GatewayClass, GrpcRoute, HttpRoute, Namespace, Node, ObjectMeta, PeerAuthentication, Pod,
+    Service, ServiceAccount, ServiceEntry, TcpRoute, VirtualService, WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -30,11 +30,12 @@ pub enum Kind {
     GrpcRoute,
     TcpRoute,
     Node,
+    EndpointSlice,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 17] = [
+    pub const ALL: [Kind; 18] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -52,6 +53,7 @@ impl Kind {
         Kind::GrpcRoute,
         Kind::TcpRoute,
         Kind::Node,
+        Kind::EndpointSlice,
     ];
 
     /// Every kind with its `apiVersion`, for messages (`v1 Namespace, v1 Pod, ...`).
@@ -83,6 +85,7 @@ impl Kind {
             Kind::GrpcRoute => "GRPCRoute",
             Kind::TcpRoute => "TCPRoute",
             Kind::Node => "Node",
+            Kind::EndpointSlice => "EndpointSlice",
         }
     }
 
@@ -91,6 +94,7 @@ impl Kind {
         match self {
             Kind::Namespace | Kind::Pod | Kind::Service | Kind::ServiceAccount | Kind::Node => "",
             Kind::Deployment => "apps",
+            Kind::EndpointSlice => "discovery.k8s.io",
             Kind::ServiceEntry
             | Kind::WorkloadEntry
             | Kind::VirtualService
@@ -113,7 +117,7 @@ impl Kind {
             _ => {}
         }
         match self.group() {
-            "" | "apps" => &["v1"],
+            "" | "apps" | "discovery.k8s.io" => &["v1"],
             "networking.istio.io" => &["v1", "v1beta1", "v1alpha3"],
             "gateway.networking.k8s.io" => &["v1", "v1beta1"],
             _ => &["v1", "v1beta1"],
@@ -197,6 +201,7 @@ pub enum Object {
     GrpcRoute(Box<GrpcRoute>),
     TcpRoute(Box<TcpRoute>),
     Node(Box<Node>),
+    EndpointSlice(Box<EndpointSlice>),
 }
 
 impl Object {
@@ -219,6 +224,7 @@ impl Object {
             Object::GrpcRoute(_) => Kind::GrpcRoute,
             Object::TcpRoute(_) => Kind::TcpRoute,
             Object::Node(_) => Kind::Node,
+            Object::EndpointSlice(_) => Kind::EndpointSlice,
         }
     }
 
@@ -241,6 +247,7 @@ impl Object {
             Object::GrpcRoute(o) => &o.metadata,
             Object::TcpRoute(o) => &o.metadata,
             Object::Node(o) => &o.metadata,
+            Object::EndpointSlice(o) => &o.metadata,
         }
     }
 
@@ -292,6 +299,7 @@ impl Object {
             Kind::GrpcRoute => Object::GrpcRoute(decode(kind, &name, value)?),
             Kind::TcpRoute => Object::TcpRoute(decode(kind, &name, value)?),
             Kind::Node => Object::Node(decode(kind, &name, value)?),
+            Kind::EndpointSlice => Object::EndpointSlice(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -346,6 +354,7 @@ impl Object {
             Object::GrpcRoute(o) => &mut o.metadata,
             Object::TcpRoute(o) => &mut o.metadata,
             Object::Node(o) => &mut o.metadata,
+            Object::EndpointSlice(o) => &mut o.metadata,
         }
     }
 }

@@ -118,6 +118,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::GrpcRoute => "grpcroutes",
         Kind::TcpRoute => "tcproutes",
         Kind::Node => "nodes",
+        Kind::EndpointSlice => "endpointslices",
     }
 }
 

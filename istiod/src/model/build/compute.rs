@@ -15,6 +15,7 @@ use mesh_xds::Resource;
 
 use super::{Model, Output};
 use crate::model::authz::{convert_authorization_policy, workload_selector};
+use crate::model::endpoint_slice::{slice_service, slice_to_workloads};
 use crate::model::peer_auth::{
     convert_peer_authentication, effective_keys, oldest, pa_selector, static_strict_policy,
     STATIC_STRICT_POLICY_NAME,
@@ -52,8 +53,32 @@ impl Model {
                 }
             }
             (Kind::PeerAuthentication, found) => self.compute_peer_auth(key, found),
+            (Kind::EndpointSlice, Some(Object::EndpointSlice(es))) => self.compute_slice(key, es),
             _ => Output::default(),
         }
+    }
+
+    /// The non-pod endpoints of an EndpointSlice whose Service exists.
+    fn compute_slice(&self, key: &ObjectKey, slice: &mesh_api::EndpointSlice) -> Output {
+        let Some(svc_name) = slice_service(slice) else {
+            return Output::default();
+        };
+        let Some(Object::Service(svc)) =
+            self.state
+                .get(&ObjectKey::new(Kind::Service, &key.namespace, svc_name))
+        else {
+            return Output::default();
+        };
+        let (workloads, errors) = slice_to_workloads(&self.cfg, svc, slice);
+        let mut out = Output {
+            errors,
+            ..Output::default()
+        };
+        for w in workloads {
+            out.addresses
+                .extend(self.workload_output(w, false).addresses);
+        }
+        out
     }
 
     fn compute_pod(&self, key: &ObjectKey) -> Output {

@@ -106,7 +106,23 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
                 let sels = [selector(old), selector(new)];
                 workloads_matching(m, &[ns.to_string()], &sels, out);
             }
+            if key.kind == Kind::Service {
+                // Hand-made endpoints take their ports from the Service (and need it to exist).
+                out.extend(
+                    m.state
+                        .objects_in(Kind::EndpointSlice, ns)
+                        .filter(|o| match o {
+                            Object::EndpointSlice(es) => {
+                                crate::model::endpoint_slice::slice_service(es)
+                                    == Some(key.name.as_str())
+                            }
+                            _ => false,
+                        })
+                        .map(Object::key),
+                );
+            }
         }
+        Kind::EndpointSlice => {}
         Kind::AuthorizationPolicy => {
             if selector(old) != selector(new) {
                 let sels = [selector(old), selector(new)];
