@@ -213,17 +213,7 @@ fn keep_cni_installed(opts: &cni_node::install::InstallOptions) -> ExitCode {
         eprintln!("cni-node: {e}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
+    block_on(async {
         let shutdown = mesh_runtime::signal::on_signals()
             .map_err(|e| format!("cannot install signal handlers: {e}"))?;
         let in_cluster = opts.kubeconfig.is_some();
@@ -244,14 +234,7 @@ fn keep_cni_installed(opts: &cni_node::install::InstallOptions) -> ExitCode {
         keep_installed(opts, REPAIR_INTERVAL, shutdown.wait(), cleanup)
             .await
             .map_err(|e| e.to_string())
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
 
 fn status(state_dir: &std::path::Path, json: bool) -> ExitCode {
@@ -291,6 +274,11 @@ fn run(cluster_dir: Option<PathBuf>) -> ExitCode {
     };
     let shown = serde_json::to_string(&config).unwrap_or_default();
     info!(config = %shown, "cni-node starting");
+    block_on(serve(config))
+}
+
+/// Runs `work` on a single-threaded runtime; its error is logged and fails the process.
+fn block_on(work: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -301,7 +289,7 @@ fn run(cluster_dir: Option<PathBuf>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(config)) {
+    match runtime.block_on(work) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e}");

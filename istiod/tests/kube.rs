@@ -96,15 +96,9 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
         let v: Value = serde_yaml::from_str(&m).expect("yaml");
         api.seed(v).expect("seed");
     }
-    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
-    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let (source, _kubeconfig) = kubeconfig_flag(&api);
     let state_b = tempfile::tempdir().expect("state");
-    let from_api = start(
-        &format!("--kubeconfig={}", kubeconfig.path().display()),
-        &state_b,
-        &tokens,
-    )
-    .await;
+    let from_api = start(&source, &state_b, &tokens).await;
 
     let (a, b) = (served(&from_dir), served(&from_api));
     assert!(!a.is_empty());
@@ -190,6 +184,13 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
     );
 }
 
+/// `--kubeconfig=<file>` for `api`, and the file (kept while the flag is used).
+fn kubeconfig_flag(api: &FakeApiServer) -> (String, tempfile::NamedTempFile) {
+    let file = tempfile::NamedTempFile::new().expect("kubeconfig");
+    std::fs::write(file.path(), api.kubeconfig()).expect("write kubeconfig");
+    (format!("--kubeconfig={}", file.path().display()), file)
+}
+
 /// Polls `f` until it holds (10 s).
 async fn eventually(f: impl FnMut() -> bool) -> bool {
     mesh_testutil::eventually(WAIT, f).await
@@ -217,15 +218,9 @@ async fn api_with_namespaces(namespaces: &[&str]) -> (FakeApiServer, tempfile::N
 async fn the_root_certificate_is_kept_in_every_namespace() {
     let (api, tokens) =
         api_with_namespaces(&["istio-system", "kube-system", "kube-public", "demo"]).await;
-    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
-    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let (source, _kubeconfig) = kubeconfig_flag(&api);
     let state = tempfile::tempdir().expect("state");
-    let _istiod = start(
-        &format!("--kubeconfig={}", kubeconfig.path().display()),
-        &state,
-        &tokens,
-    )
-    .await;
+    let _istiod = start(&source, &state, &tokens).await;
     let root = std::fs::read_to_string(state.path().join("root-cert.pem")).expect("root");
     let holds_root = |ns: &str| {
         api.get("v1", "ConfigMap", ns, "istio-ca-root-cert")
@@ -272,9 +267,7 @@ fn lock_holder(api: &FakeApiServer) -> Option<String> {
 #[tokio::test]
 async fn two_istiods_one_writes_and_the_other_takes_over() {
     let (api, tokens) = api_with_namespaces(&["istio-system", "demo"]).await;
-    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
-    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
-    let source = format!("--kubeconfig={}", kubeconfig.path().display());
+    let (source, _kubeconfig) = kubeconfig_flag(&api);
     // Both replicas share one CA, as the istio-ca-secret makes them in a cluster.
     let state = tempfile::tempdir().expect("state");
     let a = start_named(&source, &state, &tokens, "istiod-a").await;
@@ -330,15 +323,8 @@ fn stored_conditions(
 
 #[tokio::test]
 async fn status_conditions_are_applied_with_istios_field_managers() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let tokens = tempfile::NamedTempFile::new().expect("tokens");
-    std::fs::write(tokens.path(), TOKENS).expect("write tokens");
-    let mut types = core_types();
-    types.extend(mesh_crd_types());
-    let api = FakeApiServer::start(types).await.expect("fake API server");
+    let (api, tokens) = api_with_namespaces(&["istio-system", "demo"]).await;
     for doc in [
-        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}),
-        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"}}),
         serde_json::json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
             "metadata": {"name": "waypoint", "namespace": "demo"},
             "spec": {"gatewayClassName": "istio-waypoint",
@@ -357,15 +343,9 @@ async fn status_conditions_are_applied_with_istios_field_managers() {
     ] {
         api.seed(doc).expect("seed");
     }
-    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
-    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let (source, _kubeconfig) = kubeconfig_flag(&api);
     let state = tempfile::tempdir().expect("state");
-    let istiod = start(
-        &format!("--kubeconfig={}", kubeconfig.path().display()),
-        &state,
-        &tokens,
-    )
-    .await;
+    let istiod = start(&source, &state, &tokens).await;
     let bound = (
         "istio.io/WaypointBound".to_string(),
         "True".to_string(),
@@ -486,15 +466,9 @@ async fn the_mesh_config_configmap_sets_the_trust_domain_and_the_root_namespace(
         "metadata": {"name": "deny-nothing", "namespace": "mesh-root"},
         "spec": {"action": "DENY", "rules": [{"from": [{"source": {"namespaces": ["nowhere"]}}]}]}}))
         .expect("policy");
-    let kubeconfig = tempfile::NamedTempFile::new().expect("kubeconfig");
-    std::fs::write(kubeconfig.path(), api.kubeconfig()).expect("write kubeconfig");
+    let (source, _kubeconfig) = kubeconfig_flag(&api);
     let state = tempfile::tempdir().expect("state");
-    let istiod = start(
-        &format!("--kubeconfig={}", kubeconfig.path().display()),
-        &state,
-        &tokens,
-    )
-    .await;
+    let istiod = start(&source, &state, &tokens).await;
     // The trust domain at start: workloads carry it.
     let td = b"example.org";
     assert!(
