@@ -332,7 +332,8 @@ async fn status_conditions_are_applied_with_istios_field_managers() {
             "status": {"addresses": [{"type": "Hostname", "value": "waypoint.demo.svc.cluster.local"}]}}),
         serde_json::json!({"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "reviews", "namespace": "demo", "labels": {"istio.io/use-waypoint": "waypoint"}},
-            "spec": {"selector": {"app": "reviews"}, "clusterIP": "10.96.0.30", "ports": [{"name": "http", "port": 80}]}}),
+            "spec": {"selector": {"app": "reviews"}, "clusterIP": "10.96.0.30", "ports": [{"name": "http", "port": 80}]},
+            "status": {"conditions": [{"type": "example.com/Other", "status": "True", "reason": "Mine", "message": "", "lastTransitionTime": "2026-12-01T00:00:00Z"}]}}),
         serde_json::json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
             "metadata": {"name": "l4", "namespace": "demo"},
             "spec": {"action": "ALLOW", "rules": [{"from": [{"source": {"namespaces": ["demo"]}}]}]}}),
@@ -354,7 +355,7 @@ async fn status_conditions_are_applied_with_istios_field_managers() {
     );
     assert!(
         eventually(|| {
-            stored_conditions(&api, "v1", "Service", "reviews") == vec![bound.clone()]
+            stored_conditions(&api, "v1", "Service", "reviews").contains(&bound)
                 && stored_conditions(&api, "security.istio.io/v1", "AuthorizationPolicy", "l4")
                     .first()
                     .is_some_and(|c| c.0 == "ZtunnelAccepted" && c.2 == "Accepted")
@@ -363,7 +364,10 @@ async fn status_conditions_are_applied_with_istios_field_managers() {
                     .is_some_and(|c| c.0 == "WaypointAccepted" && c.3 == "bound to demo/waypoint")
         })
         .await,
-        "conditions written"
+        "conditions written: {:?} {:?} {:?}",
+        stored_conditions(&api, "v1", "Service", "reviews"),
+        stored_conditions(&api, "security.istio.io/v1", "AuthorizationPolicy", "l4"),
+        stored_conditions(&api, "security.istio.io/v1", "AuthorizationPolicy", "l7")
     );
     let lease = api
         .get(
@@ -409,15 +413,20 @@ async fn status_conditions_are_applied_with_istios_field_managers() {
         "no rewrites of unchanged conditions"
     );
 
-    // The Service leaves the waypoint: its condition is cleared; the policy that targets it
-    // now reports that.
-    api.seed(serde_json::json!({"apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": "reviews", "namespace": "demo"},
-        "spec": {"selector": {"app": "reviews"}, "clusterIP": "10.96.0.30", "ports": [{"name": "http", "port": 80}]}}))
-        .expect("relabel");
+    // The Service leaves the waypoint: istiod's condition is cleared, another controller's
+    // stays; the policy that targets the Service now reports that it is not bound.
+    let mut service = api
+        .get("v1", "Service", "demo", "reviews")
+        .expect("service");
+    service["metadata"]["labels"] = serde_json::json!({});
+    api.seed(service).expect("relabel");
     assert!(
         eventually(|| {
-            stored_conditions(&api, "v1", "Service", "reviews").is_empty()
+            stored_conditions(&api, "v1", "Service", "reviews")
+                .iter()
+                .map(|c| c.0.as_str())
+                .collect::<Vec<_>>()
+                == ["example.com/Other"]
                 && stored_conditions(&api, "security.istio.io/v1", "AuthorizationPolicy", "l7")
                     .first()
                     .is_some_and(|c| c.1 == "False" && c.2 == "AncestorNotBound")

@@ -22,6 +22,7 @@
 //! Known differences: apply patches are merged as JSON merge patches (no managed fields,
 //! no conflicts between field managers), strategic merge patches likewise, and no admission.
 
+mod apply;
 mod http;
 mod select;
 mod store;

@@ -247,20 +247,44 @@ fn patch(
     body: &[u8],
 ) -> Result<(u16, Value, Option<WatchEvent>), ApiStatus> {
     let apply = content_type == "application/apply-patch+yaml";
-    if apply && q.get("fieldManager").is_none_or(|m| m.is_empty()) {
+    let manager = q.get("fieldManager").cloned().unwrap_or_default();
+    if apply && manager.is_empty() {
         return Err(ApiStatus::new(400, "BadRequest", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
     }
+    let force = q.get("force").is_some_and(|f| f == "true");
+    let owners = (
+        target.key.clone(),
+        target.namespace.clone(),
+        name.to_string(),
+        target.status,
+    );
+    let ssa = |store: &mut super::store::Store, current: &Value| -> Result<Value, ApiStatus> {
+        let config: Value = serde_yaml::from_slice(body)
+            .map_err(|e| ApiStatus::new(400, "BadRequest", e.to_string()))?;
+        let mut applied = store.applied.get(&owners).cloned().unwrap_or_default();
+        let next =
+            super::apply::server_side_apply(current, &mut applied, &manager, force, &config)?;
+        store.applied.insert(owners.clone(), applied);
+        Ok(next)
+    };
     let current = match store.get(&target.key, &target.namespace, name) {
         Ok(c) => c,
         Err(e) if apply && e.code == 404 && !target.status => {
-            // Apply creates what does not exist.
-            let obj = apply_patch(&json!({}), content_type, body)?;
+            // Apply creates what does not exist (owned by nobody before).
+            store
+                .applied
+                .retain(|k, _| (&k.0, &k.1, &k.2) != (&owners.0, &owners.1, &owners.2));
+            let obj = ssa(store, &json!({}))?;
             let (o, ev) = store.create(&target.key, &target.namespace, obj)?;
             return Ok((201, o, Some(ev)));
         }
         Err(e) => return Err(e),
     };
-    let mut next = apply_patch(&current, content_type, body)?;
+    let mut next = if apply {
+        ssa(store, &current)?
+    } else {
+        apply_patch(&current, content_type, body)?
+    };
     if !apply {
         // A patch carries no precondition unless it names a resourceVersion itself.
         let patched_rv = next["metadata"]["resourceVersion"].clone();

@@ -68,6 +68,9 @@ pub struct Store {
     /// Numbers continue tokens (unique for the server's life).
     pub next_page: u64,
     next_uid: u64,
+    /// (resource key, namespace, name, status subresource) -> field manager -> its last
+    /// server-side-applied configuration.
+    pub applied: HashMap<(String, String, String, bool), BTreeMap<String, Value>>,
 }
 
 /// What a list or watch is restricted to.
@@ -344,6 +347,9 @@ impl Store {
             .get_mut(key)
             .and_then(|m| m.remove(&(ns.to_string(), name.to_string())))
             .ok_or_else(|| ApiStatus::new(404, "NotFound", format!("{name} not found")))?;
+        // A new object of the same name starts with no field owners.
+        self.applied
+            .retain(|k, _| (k.0.as_str(), k.1.as_str(), k.2.as_str()) != (key, ns, name));
         self.bump(&mut obj);
         let ev = self.record(key, ns, "DELETED", obj.clone(), None);
         Ok((obj, ev))
