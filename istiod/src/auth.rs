@@ -68,6 +68,20 @@ pub enum AuthError {
 }
 
 impl AuthError {
+    /// What the refused caller is told: what is wrong with its credential, and nothing of the
+    /// server (no file paths, no API server errors); the full error is logged.
+    pub fn caller_message(&self) -> String {
+        match self {
+            AuthError::UnknownToken { .. } => "unknown bearer token".into(),
+            AuthError::TokenFileUnreadable { .. }
+            | AuthError::TokenFileMalformed { .. }
+            | AuthError::TokenReviewUnavailable { .. } => {
+                "the token cannot be checked right now; retry later".into()
+            }
+            other => other.to_string(),
+        }
+    }
+
     /// Short label for metrics.
     pub fn reason(&self) -> &'static str {
         match self {

@@ -127,7 +127,11 @@ impl CaServiceError {
 
 impl From<CaServiceError> for Status {
     fn from(e: CaServiceError) -> Self {
-        Status::new(e.code(), e.to_string())
+        let message = match &e {
+            CaServiceError::Auth(a) => format!("authentication failed: {}", a.caller_message()),
+            other => other.to_string(),
+        };
+        Status::new(e.code(), message)
     }
 }
 

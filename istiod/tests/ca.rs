@@ -502,6 +502,12 @@ async fn refusals_name_the_problem_and_the_server_keeps_serving() {
             "{}: token leaked",
             case.name
         );
+        assert!(
+            !status.message().contains(".yaml") && !status.message().contains("/tmp"),
+            "{}: a server-side path leaked: {}",
+            case.name,
+            status.message()
+        );
     }
 
     let mut wrong_cluster = request(

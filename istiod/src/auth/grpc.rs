@@ -60,7 +60,7 @@ where
                 Ok(_) => inner.call(req).await,
                 Err(e) => {
                     tracing::warn!(path = %req.uri().path(), reason = e.reason(), error = %e, "gRPC caller refused");
-                    Ok(tonic::Status::unauthenticated(e.to_string()).into_http())
+                    Ok(tonic::Status::unauthenticated(e.caller_message()).into_http())
                 }
             }
         })
