@@ -2,8 +2,9 @@
 //! labelled `istio.io/rev=<revision>` gets the root certificate as each webhook's `caBundle`,
 //! and `failurePolicy: Ignore` until a dry-run create of an invalid `networking.istio.io`
 //! Gateway comes back denied by the webhook (the API server reaches istiod's `/validate`) or
-//! the Gateway CRD is not installed; from then on `Fail`. Until then the probe is retried every
-//! second. Writes are updates at the resource version read; a conflict is retried.
+//! the Gateway CRD is not installed; from then on `Fail`. Until then the probe is retried,
+//! after 1 s and then twice as long each time, up to every 30 s. Writes are updates at the
+//! resource version read; a conflict is retried.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use crate::webhook::WEBHOOK_NAME;
 /// The label that ties a webhook configuration to a revision.
 pub const REVISION_LABEL: &str = "istio.io/rev";
 const PROBE_RETRY: Duration = Duration::from_secs(1);
+const PROBE_RETRY_MAX: Duration = Duration::from_secs(30);
 const DENIED: &str = "denied the request";
 const MISSING_RESOURCE: &str = "the server could not find the requested resource";
 
@@ -43,7 +45,9 @@ pub async fn run(
     let mut ca_bundle = ByteString(roots.borrow_and_update().clone().into_bytes());
     let mut known: BTreeMap<String, ()> = BTreeMap::new();
     let mut fail_closed = false;
-    let mut probe = tokio::time::interval(PROBE_RETRY);
+    let mut probe_wait = Duration::ZERO;
+    let probe = tokio::time::sleep(probe_wait);
+    tokio::pin!(probe);
     loop {
         tokio::select! {
             ev = events.next() => match ev {
@@ -72,10 +76,13 @@ pub async fn run(
                 }
                 Err(_) => return,
             },
-            _ = probe.tick(), if !fail_closed => {
+            _ = &mut probe, if !fail_closed => {
                 fail_closed = invalid_config_rejected(&client, &namespace).await;
                 if fail_closed {
                     tracing::info!("the webhook rejected invalid configuration; validation is now fail-closed");
+                } else {
+                    probe_wait = (probe_wait * 2).clamp(PROBE_RETRY, PROBE_RETRY_MAX);
+                    probe.as_mut().reset(tokio::time::Instant::now() + probe_wait);
                 }
             }
         }
