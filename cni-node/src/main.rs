@@ -223,8 +223,12 @@ fn keep_cni_installed(opts: &cni_node::install::InstallOptions) -> ExitCode {
             }
             let namespace =
                 std::env::var("POD_NAMESPACE").unwrap_or_else(|_| "istio-system".into());
+            let node = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty());
             match mesh_kube::client(None).await {
-                Ok(client) => cleanup_unless_upgrading(client, &namespace, CNI_DAEMONSET).await,
+                Ok(client) => {
+                    cleanup_unless_upgrading(client, &namespace, CNI_DAEMONSET, node.as_deref())
+                        .await
+                }
                 Err(e) => {
                     error!(error = %e, "cannot reach the API server to tell an upgrade; removing istio-cni");
                     Cleanup::Remove

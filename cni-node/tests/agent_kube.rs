@@ -158,7 +158,14 @@ async fn the_installer_keeps_the_plugin_while_its_daemonset_lives() {
         }
         ds
     };
-    let decide = || cleanup_unless_upgrading(client.clone(), "istio-system", "istio-cni-node");
+    let decide = || {
+        cleanup_unless_upgrading(
+            client.clone(),
+            "istio-system",
+            "istio-cni-node",
+            Some("node1"),
+        )
+    };
     assert_eq!(decide().await, Cleanup::Remove, "no DaemonSet: uninstalled");
     api.seed(daemonset(false)).expect("seed");
     assert_eq!(decide().await, Cleanup::Keep, "an upgrade or a restart");
@@ -167,5 +174,32 @@ async fn the_installer_keeps_the_plugin_while_its_daemonset_lives() {
         decide().await,
         Cleanup::Remove,
         "the DaemonSet is being deleted"
+    );
+
+    // The DaemonSet's required node affinity decides (its nodeSelector does not, as in Istio).
+    let mut with_affinity = daemonset(false);
+    with_affinity["spec"]["template"]["spec"]["nodeSelector"] =
+        serde_json::json!({"nowhere": "true"});
+    with_affinity["spec"]["template"]["spec"]["affinity"] = serde_json::json!({"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+                                  {"key": "example.com/no-istio", "operator": "DoesNotExist"}]}]}}});
+    api.seed(with_affinity).expect("seed");
+    let node = |labels: serde_json::Value| serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1", "labels": labels}});
+    api.seed(node(serde_json::json!({"kubernetes.io/os": "linux"})))
+        .expect("node");
+    assert_eq!(
+        decide().await,
+        Cleanup::Keep,
+        "the node still matches: keep"
+    );
+    api.seed(node(
+        serde_json::json!({"kubernetes.io/os": "linux", "example.com/no-istio": "1"}),
+    ))
+    .expect("node");
+    assert_eq!(
+        decide().await,
+        Cleanup::Remove,
+        "the node no longer matches: remove"
     );
 }

@@ -133,22 +133,81 @@ where
     }
 }
 
-/// Istio's rule on stop: if the DaemonSet `name` in `namespace` still exists and is not being
-/// deleted, this is an upgrade or a restart, so keep the plugin in place. If the DaemonSet is
-/// gone or the API cannot tell, remove it.
+/// Istio's rule on stop. If the DaemonSet `name` in `namespace` still exists, is not being
+/// deleted, and its pods' required node affinity still matches `node`, this is an upgrade or a
+/// restart: keep the plugin in place. The nodeSelector is not looked at, as in Istio. If the
+/// DaemonSet is gone, no longer wants this node, or the API cannot tell, remove the plugin.
 pub async fn cleanup_unless_upgrading(
     client: kube::Client,
     namespace: &str,
     name: &str,
+    node: Option<&str>,
 ) -> Cleanup {
-    let api: kube::Api<k8s_openapi::api::apps::v1::DaemonSet> =
-        kube::Api::namespaced(client, namespace);
-    match api.get_opt(name).await {
-        Ok(Some(ds)) if ds.metadata.deletion_timestamp.is_none() => Cleanup::Keep,
-        Ok(_) => Cleanup::Remove,
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::Node;
+    let ds_name = format!("{namespace}/{name}");
+    let daemonsets: kube::Api<DaemonSet> = kube::Api::namespaced(client.clone(), namespace);
+    let ds = match daemonsets.get_opt(name).await {
+        Ok(Some(ds)) if ds.metadata.deletion_timestamp.is_none() => ds,
+        Ok(_) => return Cleanup::Remove,
         Err(e) => {
-            tracing::warn!(daemonset = %format!("{namespace}/{name}"), error = %e, "cannot tell whether this is an upgrade; removing istio-cni");
-            Cleanup::Remove
+            tracing::warn!(daemonset = %ds_name, error = %e, "cannot tell whether this is an upgrade; removing istio-cni");
+            return Cleanup::Remove;
         }
+    };
+    let terms = ds
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.affinity)
+        .and_then(|a| a.node_affinity)
+        .and_then(|a| a.required_during_scheduling_ignored_during_execution)
+        .map(|r| r.node_selector_terms)
+        .unwrap_or_default();
+    if terms.is_empty() {
+        return Cleanup::Keep;
     }
+    let Some(node) = node else {
+        return Cleanup::Keep;
+    };
+    let nodes: kube::Api<Node> = kube::Api::all(client);
+    let labels = match nodes.get_opt(node).await {
+        Ok(Some(n)) => n.metadata.labels.unwrap_or_default(),
+        Ok(None) => return Cleanup::Remove,
+        Err(e) => {
+            tracing::warn!(%node, error = %e, "cannot read this node to match the DaemonSet's affinity; removing istio-cni");
+            return Cleanup::Remove;
+        }
+    };
+    if terms.iter().any(|t| term_matches(t, &labels)) {
+        Cleanup::Keep
+    } else {
+        tracing::info!(daemonset = %ds_name, %node, "the DaemonSet no longer runs on this node");
+        Cleanup::Remove
+    }
+}
+
+/// A node selector term: every expression holds for the node's labels (fields are not read).
+fn term_matches(
+    term: &k8s_openapi::api::core::v1::NodeSelectorTerm,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let exprs = term.match_expressions.as_deref().unwrap_or_default();
+    if exprs.is_empty() && term.match_fields.as_deref().unwrap_or_default().is_empty() {
+        // An empty term matches nothing, as the scheduler has it.
+        return false;
+    }
+    exprs.iter().all(|e| {
+        let value = labels.get(&e.key);
+        let values = e.values.as_deref().unwrap_or_default();
+        let number = |v: &str| v.parse::<i64>().ok();
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            "Gt" => matches!((value.and_then(|v| number(v)), values.first().and_then(|v| number(v))), (Some(a), Some(b)) if a > b),
+            "Lt" => matches!((value.and_then(|v| number(v)), values.first().and_then(|v| number(v))), (Some(a), Some(b)) if a < b),
+            _ => false,
+        }
+    })
 }
