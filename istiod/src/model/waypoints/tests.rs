@@ -357,3 +357,46 @@ fn grpc_and_tcp_routes_regenerate_the_waypoint_of_their_parent() {
         s.waypoint(&key()).errors
     );
 }
+
+/// Whether any of the waypoint's listeners writes an access log to `path`.
+fn logs_to(s: &Snapshot, path: &str) -> bool {
+    s.waypoint(&key()).get(type_url::LISTENER).is_some_and(|m| {
+        m.values().any(|r| {
+            r.body
+                .value
+                .windows(path.len())
+                .any(|w| w == path.as_bytes())
+        })
+    })
+}
+
+#[test]
+fn new_model_settings_regenerate_every_waypoint_and_only_changed_resources() {
+    let mut m = shop();
+    let s = m.build();
+    assert!(!logs_to(&s, "/dev/stdout"), "no access log by default");
+    let before = s.addresses().clone();
+    m.reconfigure(ModelConfig {
+        access_log_file: "/dev/stdout".into(),
+        ..ModelConfig::default()
+    });
+    let s = m.build();
+    assert!(
+        logs_to(&s, "/dev/stdout"),
+        "the mesh config's accessLogFile reached the waypoint"
+    );
+    assert!(
+        s.addresses()
+            .iter()
+            .all(|(name, r)| before.get(name).is_some_and(|b| b.version == r.version)),
+        "workloads and services did not change, so their versions did not"
+    );
+    // The same settings again: nothing to do.
+    let version = m.version();
+    m.reconfigure(ModelConfig {
+        access_log_file: "/dev/stdout".into(),
+        ..ModelConfig::default()
+    });
+    assert!(!m.has_pending(), "unchanged settings mark nothing");
+    assert_eq!(m.version(), version);
+}
