@@ -353,7 +353,14 @@ fn waypoint_routes_http_between_ztunnels() {
     });
     assert!(applied, "route served\n{}", app.waypoint().log());
     let (_, canary_v2, canary_failed) = tally(&app.client.netns, 50, &[("x-canary", "true")]);
-    assert_eq!((canary_v2, canary_failed), (50, 0), "header match");
+    assert_eq!(
+        (canary_v2, canary_failed),
+        (50, 0),
+        "header match\n{}\n--- Envoy's xDS updates\n{}",
+        app.waypoint().log(),
+        app.waypoint()
+            .admin("/stats?filter=update_(success|rejected|attempt)")
+    );
     let (v1, v2, failed) = tally(&app.client.netns, 200, &[]);
     assert_eq!(failed, 0);
     assert!(
