@@ -103,8 +103,6 @@ pub struct Running {
     pub webhook_addr: SocketAddr,
     /// PEM of the roots at start.
     pub root_cert_pem: String,
-    /// The CA in use (replaced when a plugged-in CA changes).
-    pub ca: Arc<LiveCa>,
     pub snapshots: watch::Receiver<Arc<Snapshot>>,
     trigger: ShutdownTrigger,
     tasks: JoinSet<Result<(), ServerError>>,
@@ -206,13 +204,16 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
     let root_file = config.state_dir.join(ROOT_CERT_FILE);
     loaded.write_root_cert(&root_file)?;
     tracing::info!(source = ?loaded.source(), root = %root_file.display(), "certificate authority ready");
-    let plugged_in = matches!(loaded.source(), CaSource::PluggedIn { .. });
+    let plugged_in = match loaded.source() {
+        CaSource::PluggedIn { dir } => Some(dir.clone()),
+        CaSource::SelfSigned { .. } => None,
+    };
     let ca = LiveCa::new(Arc::new(loaded));
     let reload_stats = Arc::new(ReloadStats::default());
-    if let (true, Some(dir)) = (plugged_in, &config.cacerts_dir) {
+    if let Some(dir) = plugged_in {
         let watch = watch_cacerts(
             ca.clone(),
-            dir.clone(),
+            dir,
             ca_options,
             config.cacerts_poll,
             reload_stats.clone(),
@@ -371,7 +372,6 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
         monitoring_addr,
         webhook_addr,
         root_cert_pem: ca.root_cert_pem(),
-        ca: ca.clone(),
         snapshots,
         trigger,
         tasks,

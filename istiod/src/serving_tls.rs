@@ -8,14 +8,14 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwap;
 use mesh_identity::tls::{provider, CertKey};
 use mesh_identity::CertificateAuthority;
-
-use crate::live_ca::LiveCa;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
+
+use crate::live_ca::LiveCa;
 
 /// How long a TLS handshake may take before the connection is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
