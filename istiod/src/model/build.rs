@@ -15,6 +15,7 @@ use super::claims::Claims;
 use super::peer_auth::STATIC_STRICT_POLICY_NAME;
 use super::snapshot::{AliasIndex, Snapshot, CHANGE_LOG_LEN};
 use super::state::State;
+use super::status::{self, Statuses};
 use super::waypoints::WaypointIndex;
 use super::{BuildStats, ModelConfig, ModelError};
 
@@ -71,6 +72,10 @@ pub struct Model {
     waypoints: WaypointIndex,
     /// The configuration of a waypoint with nothing bound to it.
     empty_waypoint: Arc<crate::envoy::ProxyResources>,
+    /// Status conditions as of the last build that could change them, and whether a change
+    /// since calls for working them out again (most changes, pods', cannot).
+    statuses: Arc<Statuses>,
+    statuses_stale: bool,
 }
 
 impl Model {
@@ -90,6 +95,8 @@ impl Model {
             recomputed_total: 0,
             waypoints: WaypointIndex::default(),
             empty_waypoint: empty_waypoint(&cfg),
+            statuses: Arc::default(),
+            statuses_stale: true,
             cfg,
         }
     }
@@ -104,6 +111,7 @@ impl Model {
         let old_strict = self.static_strict_key();
         self.cfg = cfg;
         self.empty_waypoint = empty_waypoint(&self.cfg);
+        self.statuses_stale = true;
         self.dirty.extend(self.state.keys());
         self.dirty.extend(self.produced.keys().cloned());
         self.dirty.insert(old_strict);
@@ -164,6 +172,9 @@ impl Model {
         while self.log.len() > CHANGE_LOG_LEN {
             self.log.pop_front();
         }
+        if std::mem::take(&mut self.statuses_stale) {
+            self.statuses = Arc::new(status::compute(&self.cfg, &self.state, &self.errors));
+        }
         Arc::new(Snapshot {
             version: self.version,
             addresses: self.addresses.clone(),
@@ -177,7 +188,7 @@ impl Model {
             created_at: Some(std::time::Instant::now()),
             waypoints: self.waypoints.views.clone(),
             empty_waypoint: Arc::clone(&self.empty_waypoint),
-            statuses: Arc::new(super::status::compute(&self.cfg, &self.state, &self.errors)),
+            statuses: Arc::clone(&self.statuses),
         })
     }
 
@@ -192,6 +203,7 @@ impl Model {
 
     fn mark(&mut self, key: &ObjectKey, old: Option<&Object>) {
         self.waypoints.on_object(key, old, self.state.get(key));
+        self.statuses_stale |= status::depends_on(key.kind);
         let mut dirty = vec![key.clone()];
         deps::affected(self, key, old, &mut dirty);
         self.dirty.extend(dirty);

@@ -11,6 +11,7 @@ use mesh_api::{
 };
 
 use super::state::{meta_labels, State, NO_LABELS};
+use super::waypoints::target_refs;
 use super::workload;
 use super::{ModelConfig, ModelError};
 
@@ -62,6 +63,19 @@ fn condition(type_: &str, ok: bool, reason: &str, message: String) -> StatusCond
     }
 }
 
+/// Whether a change of an object of `kind` can change any condition: the reported objects, the
+/// namespaces whose labels name waypoints, and the Gateways that are those waypoints.
+pub(crate) fn depends_on(kind: Kind) -> bool {
+    matches!(
+        kind,
+        Kind::Service
+            | Kind::ServiceEntry
+            | Kind::AuthorizationPolicy
+            | Kind::Namespace
+            | Kind::Gateway
+    )
+}
+
 /// Every condition the current state calls for.
 pub(crate) fn compute(
     cfg: &ModelConfig,
@@ -89,12 +103,7 @@ pub(crate) fn compute(
                 continue;
             };
             let key = obj.key();
-            let targets: Vec<&PolicyTargetReference> = p
-                .spec
-                .target_ref
-                .iter()
-                .chain(&p.spec.target_refs)
-                .collect();
+            let targets: Vec<&PolicyTargetReference> = target_refs(&p.spec).collect();
             let (writer, mut c) = if targets.is_empty() {
                 let errs = errors.get(&key).map(Vec::as_slice).unwrap_or_default();
                 (StatusWriter::ZtunnelPolicy, ztunnel_accepted(errs))

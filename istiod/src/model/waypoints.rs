@@ -489,7 +489,7 @@ fn destination_rule_for(
 }
 
 /// `targetRef` and `targetRefs` of a policy.
-fn target_refs(
+pub(crate) fn target_refs(
     spec: &mesh_api::AuthorizationPolicySpec,
 ) -> impl Iterator<Item = &mesh_api::PolicyTargetReference> {
     spec.target_ref.iter().chain(spec.target_refs.iter())

@@ -260,3 +260,32 @@ fn waypoint_policies_report_each_target() {
         );
     }
 }
+
+#[test]
+fn conditions_are_worked_out_again_only_after_changes_that_can_move_them() {
+    let mut m = Model::new(ModelConfig::default());
+    m.apply(namespace("shop", json!({})));
+    m.apply(labelled_service(
+        "reviews",
+        json!({"istio.io/use-waypoint": "waypoint"}),
+    ));
+    let first = m.build();
+    // A pod (the common change) cannot change a condition: the same conditions are kept.
+    m.apply(crate::model::testing::pod(
+        "shop",
+        "p",
+        "10.0.0.9",
+        json!({}),
+    ));
+    let second = m.build();
+    assert!(std::sync::Arc::ptr_eq(&first.statuses, &second.statuses));
+    // The waypoint appearing can.
+    m.apply(waypoint(true));
+    let third = m.build();
+    assert!(!std::sync::Arc::ptr_eq(&second.statuses, &third.statuses));
+    let c = &third.statuses()[&(
+        ObjectKey::new(Kind::Service, "shop", "reviews"),
+        StatusWriter::Service,
+    )];
+    assert_eq!(one(c).1, "True");
+}
