@@ -113,6 +113,25 @@ impl PushMetrics {
     }
 }
 
+/// One counter family whose values are read at scrape time: a series per (labels, value).
+fn encode_counter_family<'a>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (Vec<(&'a str, &'a str)>, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        name,
+        help,
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
+    for (labels, n) in rows {
+        ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 /// Exposes the Kubernetes source's counters at scrape time: changes as Istio's
 /// `pilot_k8s_reg_events{type,event}` (add, update, delete), and re-lists, watch errors and
 /// undecodable objects by kind.
@@ -145,22 +164,19 @@ impl Collector for KubeSourceCollector {
             ),
         ];
         for (name, help, events) in families {
-            let mut family = encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?;
-            for (kind, event, n) in counts.iter().filter(|(_, e, _)| events.contains(e)) {
-                let kind = kind.as_str();
-                if events.len() > 1 {
-                    let labels = [("type", kind), ("event", *event)];
-                    ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
-                } else {
-                    let labels = [("kind", kind)];
-                    ConstCounter::new(*n).encode(family.encode_family(&labels)?)?;
-                }
-            }
+            let rows =
+                counts
+                    .iter()
+                    .filter(|(_, e, _)| events.contains(e))
+                    .map(|(kind, event, n)| {
+                        let labels = if events.len() > 1 {
+                            vec![("type", kind.as_str()), ("event", *event)]
+                        } else {
+                            vec![("kind", kind.as_str())]
+                        };
+                        (labels, *n)
+                    });
+            encode_counter_family(&mut encoder, name, help, rows)?;
         }
         Ok(())
     }
@@ -193,18 +209,14 @@ impl Collector for CaCollector {
             let m = encoder.encode_descriptor(name, help, None, c.metric_type())?;
             c.encode(m)?;
         }
-        let mut family = encoder.encode_descriptor(
+        encode_counter_family(
+            &mut encoder,
             "istiod_ca_refusals",
             "CSRs refused, by reason",
-            None,
-            prometheus_client::metrics::MetricType::Counter,
-        )?;
-        for (reason, n) in refused {
-            let labels = [("reason", reason)];
-            let m = family.encode_family(&labels)?;
-            ConstCounter::new(n).encode(m)?;
-        }
-        Ok(())
+            refused
+                .into_iter()
+                .map(|(reason, n)| (vec![("reason", reason)], n)),
+        )
     }
 }
 
@@ -234,17 +246,13 @@ pub struct CaReloadCollector(pub Arc<ReloadStats>);
 
 impl Collector for CaReloadCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let mut family = encoder.encode_descriptor(
+        encode_counter_family(
+            &mut encoder,
             "istiod_cacerts_reloads",
             "Changes of the plugged-in CA's files, by whether the new CA loaded",
-            None,
-            prometheus_client::metrics::MetricType::Counter,
-        )?;
-        for (result, n) in [("ok", self.0.reloaded()), ("error", self.0.failed())] {
-            let labels = [("result", result)];
-            ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
-        }
-        Ok(())
+            [("ok", self.0.reloaded()), ("error", self.0.failed())]
+                .map(|(result, n)| (vec![("result", result)], n)),
+        )
     }
 }
 

@@ -71,6 +71,15 @@ fn is_ours(plugin: &Value) -> bool {
     plugin.get("type").and_then(Value::as_str) == Some(PLUGIN_TYPE)
 }
 
+/// The entry as it is written: `type: istio-cni` unless it names one.
+pub(crate) fn typed_entry(entry: &Value) -> Value {
+    let mut entry = entry.clone();
+    if entry.get("type").is_none() {
+        entry["type"] = json!(PLUGIN_TYPE);
+    }
+    entry
+}
+
 /// `current` with `entry` chained last (a `.conf` is wrapped into a conflist first; an earlier
 /// `istio-cni` entry is replaced).
 pub fn chain(current: &Value, is_conf: bool, entry: &Value) -> Value {
@@ -79,10 +88,7 @@ pub fn chain(current: &Value, is_conf: bool, entry: &Value) -> Value {
     } else {
         current.clone()
     };
-    let mut entry = entry.clone();
-    if entry.get("type").is_none() {
-        entry["type"] = json!(PLUGIN_TYPE);
-    }
+    let entry = typed_entry(entry);
     if let Some(plugins) = list.get_mut("plugins").and_then(Value::as_array_mut) {
         plugins.retain(|p| !is_ours(p));
         plugins.push(entry);

@@ -62,11 +62,7 @@ pub fn needs_repair(
         .and_then(|c| c.get("plugins"))
         .and_then(Value::as_array)
         .and_then(|p| p.last());
-    let mut entry = opts.entry.clone();
-    if entry.get("type").is_none() {
-        entry["type"] = Value::from(PLUGIN_TYPE);
-    }
-    if last != Some(&entry) {
+    if last != Some(&super::conflist::typed_entry(&opts.entry)) {
         return Ok(Some(format!(
             "{} does not end with the istio-cni entry",
             primary.display()
