@@ -115,19 +115,17 @@ fn merge(target: &mut Value, patch: &Value, field: &str) {
                 }
             }
         }
-        (Value::Array(t), Value::Array(p)) if list_key(field, p).is_some() => {
-            let key = list_key(field, p).unwrap_or("name");
-            if t.iter().any(|i| i.get(key).is_none()) {
-                *t = p.clone();
-                return;
-            }
-            for item in p {
-                match t.iter_mut().find(|i| i.get(key) == item.get(key)) {
-                    Some(existing) => merge(existing, item, ""),
-                    None => t.push(item.clone()),
+        (Value::Array(t), Value::Array(p)) => match list_key(field, p) {
+            Some(key) if t.iter().all(|i| i.get(key).is_some()) => {
+                for item in p {
+                    match t.iter_mut().find(|i| i.get(key) == item.get(key)) {
+                        Some(existing) => merge(existing, item, ""),
+                        None => t.push(item.clone()),
+                    }
                 }
             }
-        }
+            _ => *t = p.clone(),
+        },
         (t, p) => *t = p.clone(),
     }
 }

@@ -261,11 +261,9 @@ fn patch(
     let ssa = |store: &mut super::store::Store, current: &Value| -> Result<Value, ApiStatus> {
         let config: Value = serde_yaml::from_slice(body)
             .map_err(|e| ApiStatus::new(400, "BadRequest", e.to_string()))?;
-        let mut applied = store.applied.get(&owners).cloned().unwrap_or_default();
-        let next =
-            super::apply::server_side_apply(current, &mut applied, &manager, force, &config)?;
-        store.applied.insert(owners.clone(), applied);
-        Ok(next)
+        // The managers' configurations change only when the apply succeeds.
+        let applied = store.applied.entry(owners.clone()).or_default();
+        super::apply::server_side_apply(current, applied, &manager, force, &config)
     };
     let current = match store.get(&target.key, &target.namespace, name) {
         Ok(c) => c,
