@@ -1,6 +1,7 @@
 //! With the `bpf` feature: compiles every `bpf/*.c` into `$OUT_DIR/<name>.o` with
 //! `clang -O2 -g -target bpf` (override the compiler with `CLANG`). Needs only clang and the
-//! kernel uapi headers (linux-libc-dev), no libbpf.
+//! kernel uapi headers (linux-libc-dev), no libbpf. The capture contract's numbers come from
+//! the mesh-capture crate, as `$OUT_DIR/capture_contract.h`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -13,6 +14,12 @@ fn main() {
     }
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".to_owned());
+    // The capture contract's numbers, from their one home.
+    std::fs::write(
+        out_dir.join("capture_contract.h"),
+        mesh_capture::contract::c_header(),
+    )
+    .expect("write capture_contract.h");
     let mut sources: Vec<PathBuf> = std::fs::read_dir("bpf")
         .expect("read ebpf/bpf")
         .flatten()
@@ -39,6 +46,7 @@ fn compile(clang: &str, source: &Path, out_dir: &Path) {
     if let Some(dir) = multiarch_include() {
         command.arg("-I").arg(dir);
     }
+    command.arg("-I").arg(out_dir);
     command.arg("-c").arg(source).arg("-o").arg(&object);
     let status = command.status().unwrap_or_else(|error| {
         panic!(

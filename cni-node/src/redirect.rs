@@ -17,11 +17,7 @@ mod tests;
 mod with_probes;
 
 pub use host_probe::{HostProbeConfig, HostProbeSnat, HOST_TABLE, PROBE_SET_V4, PROBE_SET_V6};
-pub use nftables::{
-    NftablesRedirector, DNS_CAPTURE_PORT, HBONE_PORT, INBOUND_CAPTURE_PORT, OUTBOUND_CAPTURE_PORT,
-    POD_TABLES, PROBE_SNAT_IPV4, PROBE_SNAT_IPV6, PROXY_MARK,
-};
-pub use routes::{CAPTURE_CONN_MARK, CAPTURE_ROUTE_TABLE, CAPTURE_RULE_PREF, MARK_MASK};
+pub use nftables::NftablesRedirector;
 pub use with_probes::WithProbeSnat;
 
 /// What redirection needs to know about a pod.

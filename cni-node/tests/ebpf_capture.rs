@@ -10,7 +10,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use cni_node::redirect::ebpf::EbpfRedirector;
-use cni_node::redirect::{PodNetwork, RedirectError, Redirector, PROXY_MARK};
+use cni_node::redirect::{PodNetwork, RedirectError, Redirector};
+use mesh_capture::PROXY_MARK;
 use mesh_testutil::netns::{have_root, original_dst, Netns, Pod, TestNet};
 use nix::sys::socket::{self, sockopt};
 

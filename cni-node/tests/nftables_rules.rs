@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use cni_node::redirect::{
     HostProbeConfig, HostProbeSnat, NftablesRedirector, PodNetwork, RedirectError, Redirector,
-    PROXY_MARK,
 };
+use mesh_capture::PROXY_MARK;
 use mesh_testutil::netns::{
     have_root, original_dst, pod_redirect_rules, Netns, Pod, RedirectOptions, TestNet,
 };

@@ -146,11 +146,9 @@ pub fn ruleset(netns: &Netns) -> String {
 
 /// Established HBONE connections dialed from a pod's netns (in-pod ztunnel dials from there).
 pub fn hbone_connections(netns: &Netns) -> usize {
+    let port = format!(":{}", mesh_capture::HBONE_PORT);
     netns
-        .exec_ok(
-            "ss",
-            &["-Htn", "state", "established", "dport", "=", ":15008"],
-        )
+        .exec_ok("ss", &["-Htn", "state", "established", "dport", "=", &port])
         .expect("ss")
         .lines()
         .count()

@@ -40,14 +40,8 @@ static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redir
 #define BE32(x) ((__be32)(x))
 #endif
 
-// Keep in sync with ebpf/src/lib.rs.
-#define OUTBOUND_CAPTURE_PORT 15001
-#define INBOUND_CAPTURE_PORT 15006
-#define HBONE_PORT 15008
-#define PROXY_MARK 0x539
-#define CAPTURE_MARK 0x111
-#define MARK_MASK 0xfff
-#define PROBE_SNAT_IP 0xa9fe077f // 169.254.7.127
+// Ports, marks and the probe address: written by build.rs from the mesh-capture crate.
+#include "capture_contract.h"
 #define LOOPBACK_IFINDEX 1
 
 struct packet {

@@ -5,7 +5,10 @@ use std::path::Path;
 use crate::netlink::Netlink;
 use crate::routing::{self, Link, ACCEPT_LOCAL, LOOPBACK_IFINDEX};
 use crate::tc::{self, Hook};
-use crate::{netlink_error, netns, CaptureError, Programs, FILTER_NAMES, FILTER_PRIORITY};
+use mesh_capture::netns;
+use mesh_capture::TC_FILTER_PRIORITY;
+
+use crate::{netlink_error, CaptureError, Programs, FILTER_NAMES};
 
 /// What a pod's capture covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,15 +59,16 @@ impl Capture {
                 }
             }
             result
-        })
+        })?
     }
 
     /// Removes the capture from the namespace at `netns`; what is absent is skipped, and a
     /// namespace that no longer exists is not an error.
     pub fn unenroll(&self, netns: &Path) -> Result<(), CaptureError> {
         match netns::run_in(netns, remove_here) {
-            Err(error) if error.is_netns_gone() => Ok(()),
-            other => other,
+            Ok(result) => result,
+            Err(error) if error.is_gone() => Ok(()),
+            Err(error) => Err(error.into()),
         }
     }
 
@@ -80,7 +84,7 @@ impl Capture {
         netns: &Path,
         options: CaptureOptions,
     ) -> Result<bool, CaptureError> {
-        netns::run_in(netns, || enrolled_here(options))
+        netns::run_in(netns, || enrolled_here(options))?
     }
 
     fn enroll_here(&self, options: CaptureOptions) -> Result<(), CaptureError> {
@@ -166,7 +170,7 @@ fn remove_filters(nl: &mut Netlink, ifindex: u32) -> Result<(), CaptureError> {
 }
 
 fn is_ours(filter: &tc::Filter) -> bool {
-    filter.priority == FILTER_PRIORITY
+    filter.priority == TC_FILTER_PRIORITY
         && filter
             .name
             .as_deref()

@@ -7,7 +7,9 @@ use std::io;
 use nix::errno::Errno;
 
 use crate::netlink::{self, Netlink, Request, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
-use crate::{CaptureError, CAPTURE_MARK, CAPTURE_ROUTE_TABLE, CAPTURE_RULE_PREF, MARK_MASK};
+use mesh_capture::{CAPTURE_MARK, EBPF_ROUTE_TABLE, EBPF_RULE_PREF, MARK_MASK};
+
+use crate::CaptureError;
 
 const RTM_NEWLINK: u16 = 16;
 const RTM_GETLINK: u16 = 18;
@@ -75,10 +77,10 @@ fn rule_request(ty: u16, flags: u16) -> Request {
     Request::new(ty, flags)
         .header(&rtmsg(RT_TABLE_UNSPEC, 0, 0, FR_ACT_TO_TBL))
         .attr_str(FRA_IIFNAME, "lo")
-        .attr_u32(FRA_PRIORITY, CAPTURE_RULE_PREF)
+        .attr_u32(FRA_PRIORITY, EBPF_RULE_PREF)
         .attr_u32(FRA_FWMARK, CAPTURE_MARK)
         .attr_u32(FRA_FWMASK, MARK_MASK)
-        .attr_u32(FRA_TABLE, CAPTURE_ROUTE_TABLE)
+        .attr_u32(FRA_TABLE, EBPF_ROUTE_TABLE)
 }
 
 /// Adds the capture rule unless it is there.
@@ -114,8 +116,8 @@ pub(crate) fn rule_present(nl: &mut Netlink) -> io::Result<bool> {
         }
         found
             == (
-                Some(CAPTURE_RULE_PREF),
-                Some(CAPTURE_ROUTE_TABLE),
+                Some(EBPF_RULE_PREF),
+                Some(EBPF_ROUTE_TABLE),
                 Some(CAPTURE_MARK),
                 Some(MARK_MASK),
             )
@@ -130,7 +132,7 @@ fn route_request(ty: u16, flags: u16) -> Request {
             RT_SCOPE_HOST,
             RTN_LOCAL,
         ))
-        .attr_u32(RTA_TABLE, CAPTURE_ROUTE_TABLE)
+        .attr_u32(RTA_TABLE, EBPF_ROUTE_TABLE)
         .attr_u32(RTA_OIF, LOOPBACK_IFINDEX)
 }
 
@@ -171,7 +173,7 @@ pub(crate) fn route_present(nl: &mut Netlink) -> io::Result<bool> {
                 _ => {}
             }
         }
-        table == CAPTURE_ROUTE_TABLE && oif == Some(LOOPBACK_IFINDEX)
+        table == EBPF_ROUTE_TABLE && oif == Some(LOOPBACK_IFINDEX)
     }))
 }
 

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, BorrowedFd};
 use nix::errno::Errno;
 
 use crate::netlink::{self, Netlink, Request, NLM_F_CREATE, NLM_F_EXCL};
-use crate::FILTER_PRIORITY;
+use mesh_capture::TC_FILTER_PRIORITY;
 
 const RTM_NEWQDISC: u16 = 36;
 const RTM_DELQDISC: u16 = 37;
@@ -66,7 +66,7 @@ fn tcmsg(ifindex: u32, handle: u32, parent: u32, info: u32) -> [u8; TCMSG_LEN] {
 
 /// `tcm_info` of our filters: priority in the upper half, protocol (network order) below.
 fn filter_info() -> u32 {
-    (u32::from(FILTER_PRIORITY) << 16) | u32::from(ETH_P_ALL.to_be())
+    (u32::from(TC_FILTER_PRIORITY) << 16) | u32::from(ETH_P_ALL.to_be())
 }
 
 /// Adds the clsact qdisc to `ifindex`; an existing one is kept.

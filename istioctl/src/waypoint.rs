@@ -186,7 +186,7 @@ pub fn gateway_yaml(args: &GenerateArgs) -> Result<String, WaypointError> {
         "metadata": metadata,
         "spec": {
             "gatewayClassName": WAYPOINT_CLASS,
-            "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}],
+            "listeners": [{"name": "mesh", "port": mesh_capture::HBONE_PORT, "protocol": "HBONE"}],
         },
     });
     serde_yaml::to_string(&gw).map_err(|e| WaypointError::Encode {

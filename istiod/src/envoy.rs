@@ -44,7 +44,7 @@ pub use rbac::PolicyError;
 pub use routes::RouteError;
 
 /// The HBONE port a waypoint listens on and dials pods at.
-pub const HBONE_PORT: u16 = 15008;
+pub const HBONE_PORT: u16 = mesh_capture::HBONE_PORT;
 /// Listener and cluster names, as istiod names them (tools and dashboards look for them).
 pub use telemetry::ISTIO_TEXT_FORMAT;
 pub use virtual_service::host_names as vs_host_names;

@@ -9,7 +9,7 @@ use mesh_api::{StatusCondition, HBONE_PROTOCOL};
 use crate::render::Names;
 
 /// The port of a waypoint's mesh (HBONE) listener.
-const HBONE_PORT: u16 = 15008;
+use mesh_capture::HBONE_PORT;
 
 /// What the controller saw of the objects made for one Gateway.
 #[derive(Debug, Default)]

@@ -115,8 +115,8 @@ pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(180);
 pub const DEFAULT_KEEPALIVE_RETRIES: u32 = 9;
 /// Default [`INPOD_UDS`].
 pub const DEFAULT_INPOD_UDS: &str = "/var/run/ztunnel/ztunnel.sock";
-/// Default [`PACKET_MARK`] in shared mode (0x539).
-pub const DEFAULT_INPOD_MARK: u32 = 1337;
+/// Default [`PACKET_MARK`] in shared mode: the mark capture lets through.
+pub const DEFAULT_INPOD_MARK: u32 = mesh_capture::PROXY_MARK;
 /// Default drain deadline when neither drain variable is set.
 pub const DEFAULT_TERMINATION_DEADLINE: Duration = Duration::from_secs(5);
 /// Default root certificate file (relative, as upstream).
@@ -278,10 +278,10 @@ pub struct Ports {
 impl Default for Ports {
     fn default() -> Self {
         Ports {
-            outbound: 15001,
-            inbound_plaintext: 15006,
-            inbound: 15008,
-            dns: 15053,
+            outbound: mesh_capture::OUTBOUND_CAPTURE_PORT,
+            inbound_plaintext: mesh_capture::INBOUND_CAPTURE_PORT,
+            inbound: mesh_capture::HBONE_PORT,
+            dns: mesh_capture::DNS_CAPTURE_PORT,
             socks5: 15080,
             admin: 15000,
             stats: 15020,

@@ -36,7 +36,7 @@ pub use server::{
 };
 
 /// The HBONE port on every mesh pod.
-pub const HBONE_PORT: u16 = 15008;
+pub const HBONE_PORT: u16 = mesh_capture::HBONE_PORT;
 /// Header carrying the original source as `for="ip:port"` (RFC 7239).
 pub const FORWARDED_HEADER: &str = "forwarded";
 /// Header carrying W3C baggage about the source workload.
@@ -93,7 +93,7 @@ impl Default for H2Settings {
 pub enum HboneError {
     #[error("cannot accept on the HBONE listener: {0}; is the process out of file descriptors?")]
     Accept(#[source] std::io::Error),
-    #[error("cannot connect to HBONE peer {addr}: {source}; is a NetworkPolicy blocking port 15008, or is the peer's ztunnel down?")]
+    #[error("cannot connect to HBONE peer {addr}: {source}; is a NetworkPolicy blocking port {HBONE_PORT}, or is the peer's ztunnel down?")]
     Dial {
         addr: std::net::SocketAddr,
         #[source]
@@ -116,7 +116,7 @@ pub enum HboneError {
         #[source]
         source: mesh_identity::TlsError,
     },
-    #[error("peer {addr} did not negotiate ALPN h2; is it an HBONE (port 15008) endpoint?")]
+    #[error("peer {addr} did not negotiate ALPN h2; is it an HBONE (port {HBONE_PORT}) endpoint?")]
     NoH2 { addr: std::net::SocketAddr },
     #[error("HTTP/2 handshake with {addr} failed: {source}")]
     H2Handshake {

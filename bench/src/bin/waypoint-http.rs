@@ -91,7 +91,10 @@ fn setup(dir: &ClusterDir) {
     );
     dir.write(
         "gateway.yaml",
-        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: waypoint\n  namespace: demo\nspec:\n  gatewayClassName: istio-waypoint\n  listeners:\n  - name: mesh\n    port: 15008\n    protocol: HBONE\n",
+        &format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata:\n  name: waypoint\n  namespace: demo\nspec:\n  gatewayClassName: istio-waypoint\n  listeners:\n  - name: mesh\n    port: {}\n    protocol: HBONE\n",
+            mesh_capture::HBONE_PORT
+        ),
     );
 }
 

@@ -63,9 +63,7 @@ fn options(pod: &PodNetwork) -> CaptureOptions {
 fn redirect_error(netns: &Path, error: CaptureError) -> RedirectError {
     let path = netns.to_owned();
     match error {
-        CaptureError::Netns { path, source } => RedirectError::Netns { path, source },
-        CaptureError::NotNetns { path, source } => RedirectError::NotNetns { path, source },
-        CaptureError::Thread(source) => RedirectError::Thread { path, source },
+        CaptureError::Enter(error) => error.into(),
         CaptureError::Netlink { what, source } => RedirectError::Netlink { what, path, source },
         CaptureError::Sysctl { source, .. } => RedirectError::Netlink {
             what: "set net.ipv4.conf.lo.accept_local",

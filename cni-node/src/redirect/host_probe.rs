@@ -8,13 +8,14 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
+use mesh_capture::{PROBE_SNAT_IPV4, PROBE_SNAT_IPV6};
+
 use super::netns::{run_in, Entered};
 use super::nft::{self, Batch, Expr, Hook};
-use super::nftables::{PROBE_SNAT_IPV4, PROBE_SNAT_IPV6};
 use super::RedirectError;
 
 /// The host table (istio-cni uses the in-pod nat table's name in the host netns as well).
-pub const HOST_TABLE: &str = "istio-ambient-nat";
+pub const HOST_TABLE: &str = mesh_capture::POD_TABLES[0];
 /// The set of enrolled pods' IPv4 addresses.
 pub const PROBE_SET_V4: &str = "istio-inpod-probes-v4";
 /// The set of enrolled pods' IPv6 addresses.

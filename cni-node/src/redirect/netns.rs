@@ -1,11 +1,9 @@
-//! Running netlink work inside a pod's network namespace: a fresh thread enters it with
-//! `setns(2)`, does the work and ends, so no pooled thread is ever left in a pod's netns.
+//! Running netlink work inside a pod's network namespace ([`mesh_capture::netns::run_in`]),
+//! telling a namespace that is gone from one that cannot be entered.
 
-use std::fs::File;
-use std::io;
 use std::path::Path;
 
-use nix::sched::CloneFlags;
+use mesh_capture::netns::{self, EnterError};
 
 use super::RedirectError;
 
@@ -25,35 +23,19 @@ where
     F: FnOnce() -> Result<R, RedirectError> + Send,
     R: Send,
 {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Entered::Gone),
-        Err(source) => {
-            return Err(RedirectError::Netns {
-                path: path.to_owned(),
-                source,
-            })
+    match netns::run_in(path, f) {
+        Ok(result) => result.map(Entered::Ran),
+        Err(error) if error.is_gone() => Ok(Entered::Gone),
+        Err(error) => Err(error.into()),
+    }
+}
+
+impl From<EnterError> for RedirectError {
+    fn from(error: EnterError) -> Self {
+        match error {
+            EnterError::Open { path, source } => RedirectError::Netns { path, source },
+            EnterError::NotNetns { path, source } => RedirectError::NotNetns { path, source },
+            EnterError::Thread { path, source } => RedirectError::Thread { path, source },
         }
-    };
-    std::thread::scope(|scope| {
-        let thread = std::thread::Builder::new()
-            .name("cni-netns".to_owned())
-            .spawn_scoped(scope, move || {
-                nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).map_err(|errno| {
-                    RedirectError::NotNetns {
-                        path: path.to_owned(),
-                        source: errno.into(),
-                    }
-                })?;
-                f().map(Entered::Ran)
-            })
-            .map_err(|source| RedirectError::Thread {
-                path: path.to_owned(),
-                source,
-            })?;
-        match thread.join() {
-            Ok(result) => result,
-            Err(panic) => std::panic::resume_unwind(panic),
-        }
-    })
+    }
 }

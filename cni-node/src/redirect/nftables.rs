@@ -8,35 +8,22 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::time::Instant;
 
+use mesh_capture::{
+    CAPTURE_MARK, DNS_CAPTURE_PORT, HBONE_PORT, INBOUND_CAPTURE_PORT, MARK_MASK,
+    OUTBOUND_CAPTURE_PORT, POD_TABLES, PROBE_SNAT_IPV4, PROBE_SNAT_IPV6, PROXY_MARK,
+};
+
 use super::netns::{run_in, Entered};
 use super::nft::{self, Batch, Expr, Hook};
-use super::routes::{self, Family, CAPTURE_CONN_MARK, MARK_MASK};
+use super::routes::{self, Family};
 use super::{PodNetwork, RedirectError, Redirector};
 
-/// ztunnel's outbound capture port inside the pod.
-pub const OUTBOUND_CAPTURE_PORT: u16 = 15001;
-/// ztunnel's plaintext inbound capture port inside the pod.
-pub const INBOUND_CAPTURE_PORT: u16 = 15006;
-/// The HBONE port: never redirected (ztunnel listens on it inside the pod).
-pub const HBONE_PORT: u16 = 15008;
-/// ztunnel's DNS proxy port inside the pod.
-pub const DNS_CAPTURE_PORT: u16 = 15053;
-/// `SO_MARK` of ztunnel's own sockets (1337): the rules let them through.
-pub const PROXY_MARK: u32 = 0x539;
-/// Source of kubelet probes after the host's SNAT: never captured.
-pub const PROBE_SNAT_IPV4: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
-/// The IPv6 probe SNAT address (`HOST_PROBE_SNAT_IPV6`).
-pub const PROBE_SNAT_IPV6: Ipv6Addr = Ipv6Addr::new(
-    0xfd16, 0x9254, 0x7127, 0x1337, 0xffff, 0xffff, 0xffff, 0xffff,
-);
 /// The conntrack zone of DNS traffic between ztunnel and upstream resolvers.
 const DNS_CT_ZONE: u16 = 1;
 
-/// The in-pod tables, in the order they are written.
-pub const POD_TABLES: [&str; 3] = [NAT, MANGLE, RAW];
-const NAT: &str = "istio-ambient-nat";
-const MANGLE: &str = "istio-ambient-mangle";
-const RAW: &str = "istio-ambient-raw";
+const NAT: &str = POD_TABLES[0];
+const MANGLE: &str = POD_TABLES[1];
+const RAW: &str = POD_TABLES[2];
 const PRE: &str = "istio-prerouting";
 const OUT: &str = "istio-output";
 const TCP: u8 = libc::IPPROTO_TCP as u8;
@@ -172,7 +159,7 @@ fn nat_rules(capture: Capture) -> Vec<(&'static str, Vec<Expr>)> {
             }),
         );
     }
-    let conn_mark = nft::mark(false, MARK_MASK, EQ, CAPTURE_CONN_MARK);
+    let conn_mark = nft::mark(false, MARK_MASK, EQ, CAPTURE_MARK);
     add(OUT, vec![rule(&[tcp(), conn_mark, nft::accept()])]);
     add(
         OUT,
@@ -202,7 +189,7 @@ fn mangle_rules() -> Vec<(&'static str, Vec<Expr>)> {
     let set_conn_mark = vec![
         Expr::Counter,
         Expr::CtLoad(libc::NFT_CT_MARK),
-        nft::and_or(!MARK_MASK, CAPTURE_CONN_MARK),
+        nft::and_or(!MARK_MASK, CAPTURE_MARK),
         Expr::CtSet(libc::NFT_CT_MARK),
     ];
     let restore_mark = vec![
@@ -210,7 +197,7 @@ fn mangle_rules() -> Vec<(&'static str, Vec<Expr>)> {
         Expr::CtLoad(libc::NFT_CT_MARK),
         Expr::MetaSet(libc::NFT_META_MARK),
     ];
-    let conn_marked = nft::mark(true, MARK_MASK, EQ, CAPTURE_CONN_MARK);
+    let conn_marked = nft::mark(true, MARK_MASK, EQ, CAPTURE_MARK);
     vec![
         (PRE, rule(&[proxy_mark(EQ), set_conn_mark])),
         (OUT, rule(&[conn_marked, restore_mark])),

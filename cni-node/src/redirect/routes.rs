@@ -8,16 +8,9 @@ use std::io;
 use nix::errno::Errno;
 use nix::sys::socket::SockProtocol;
 
-use super::netlink::{self, Msg, Socket, CREATE, EXCL, REPLACE, REQUEST};
+use mesh_capture::{CAPTURE_MARK, MARK_MASK, NFT_ROUTE_TABLE, NFT_RULE_PREF};
 
-/// Conntrack/packet mark of connections that went through ztunnel.
-pub const CAPTURE_CONN_MARK: u32 = 0x111;
-/// The part of the mark the rules look at.
-pub const MARK_MASK: u32 = 0xfff;
-/// Routing table of the `local default dev lo` route.
-pub const CAPTURE_ROUTE_TABLE: u32 = 100;
-/// Preference of the fwmark rule.
-pub const CAPTURE_RULE_PREF: u32 = 32764;
+use super::netlink::{self, Msg, Socket, CREATE, EXCL, REPLACE, REQUEST};
 
 const FRA_PRIORITY: u16 = 6;
 const FRA_FWMARK: u16 = 10;
@@ -47,20 +40,20 @@ impl Family {
 
 /// `fib_rule_hdr` of the capture rule (table 100, action "to table").
 fn rule_msg(ty: u16, flags: u16, family: Family) -> Msg {
-    let table = CAPTURE_ROUTE_TABLE as u8;
+    let table = NFT_ROUTE_TABLE as u8;
     let hdr = [family.af(), 0, 0, 0, table, 0, 0, FR_ACT_TO_TBL, 0, 0, 0, 0];
     let mut m = Msg::new(ty, flags, &hdr);
-    m.put_u32(FRA_PRIORITY, CAPTURE_RULE_PREF)
-        .put_u32(FRA_FWMARK, CAPTURE_CONN_MARK)
+    m.put_u32(FRA_PRIORITY, NFT_RULE_PREF)
+        .put_u32(FRA_FWMARK, CAPTURE_MARK)
         .put_u32(FRA_FWMASK, MARK_MASK)
-        .put_u32(FRA_TABLE, CAPTURE_ROUTE_TABLE);
+        .put_u32(FRA_TABLE, NFT_ROUTE_TABLE);
     m
 }
 
 /// `rtmsg` of the `local default dev lo table 100` route. `scope` is `RT_SCOPE_HOST` to add
 /// and `RT_SCOPE_NOWHERE` (any) to delete.
 fn route_msg(ty: u16, flags: u16, family: Family, protocol: u8, scope: u8, lo: u32) -> Msg {
-    let table = CAPTURE_ROUTE_TABLE as u8;
+    let table = NFT_ROUTE_TABLE as u8;
     let local = libc::RTN_LOCAL;
     let hdr = [
         family.af(),
@@ -77,8 +70,7 @@ fn route_msg(ty: u16, flags: u16, family: Family, protocol: u8, scope: u8, lo: u
         0,
     ];
     let mut m = Msg::new(ty, flags, &hdr);
-    m.put_u32(RTA_TABLE, CAPTURE_ROUTE_TABLE)
-        .put_u32(RTA_OIF, lo);
+    m.put_u32(RTA_TABLE, NFT_ROUTE_TABLE).put_u32(RTA_OIF, lo);
     m
 }
 
@@ -181,10 +173,10 @@ fn is_capture_rule(payload: &[u8]) -> bool {
             _ => {}
         }
     }
-    pref == Some(CAPTURE_RULE_PREF)
-        && mark == Some(CAPTURE_CONN_MARK)
+    pref == Some(NFT_RULE_PREF)
+        && mark == Some(CAPTURE_MARK)
         && mask == Some(MARK_MASK)
-        && table == Some(CAPTURE_ROUTE_TABLE)
+        && table == Some(NFT_ROUTE_TABLE)
 }
 
 fn is_capture_route(payload: &[u8]) -> bool {
@@ -198,5 +190,5 @@ fn is_capture_route(payload: &[u8]) -> bool {
             table = netlink::attr_u32(value);
         }
     }
-    table == Some(CAPTURE_ROUTE_TABLE)
+    table == Some(NFT_ROUTE_TABLE)
 }

@@ -43,8 +43,6 @@ use std::path::PathBuf;
 pub use handle::{ChildGuard, Netns, NETNS_DIR};
 pub use redirect::{
     pod_redirect_rules, redirect_rules_script, remove_redirect_rules, RedirectOptions,
-    CAPTURE_CONN_MARK, CAPTURE_ROUTE_TABLE, CAPTURE_RULE_PREF, DNS_CAPTURE_PORT, HBONE_PORT,
-    INBOUND_CAPTURE_PORT, MARK_MASK, OUTBOUND_CAPTURE_PORT, PROBE_SNAT_IP, PROXY_MARK,
 };
 pub use sockets::{original_dst, EchoServer};
 pub use stale::STATE_DIR;
@@ -123,18 +121,8 @@ pub enum NetnsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("setns into netns {name} failed: {source}; netns tests need root (CAP_SYS_ADMIN)")]
-    Setns {
-        name: String,
-        #[source]
-        source: nix::Error,
-    },
-    #[error("cannot start a thread to enter netns {name}: {source}")]
-    Thread {
-        name: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{0}; netns tests need root (CAP_SYS_ADMIN)")]
+    Enter(#[from] mesh_capture::netns::EnterError),
     #[error("{op} {addr} in netns {netns} failed: {source}; is the address on an interface there and the port free?")]
     Socket {
         op: &'static str,
@@ -159,8 +147,7 @@ impl NetnsError {
             NetnsError::UnknownNode(_) => "unknown_node",
             NetnsError::TooMany { .. } => "too_many",
             NetnsError::Open { .. } => "open",
-            NetnsError::Setns { .. } => "setns",
-            NetnsError::Thread { .. } => "thread",
+            NetnsError::Enter(error) => error.reason(),
             NetnsError::Socket { .. } => "socket",
         }
     }

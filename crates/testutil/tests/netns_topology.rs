@@ -6,9 +6,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use mesh_capture::{HBONE_PORT, INBOUND_CAPTURE_PORT, OUTBOUND_CAPTURE_PORT, PROXY_MARK};
 use mesh_testutil::netns::{
     have_root, original_dst, pod_redirect_rules, remove_redirect_rules, Node, Pod, RedirectOptions,
-    HBONE_PORT, INBOUND_CAPTURE_PORT, OUTBOUND_CAPTURE_PORT, PROXY_MARK, STATE_DIR,
+    STATE_DIR,
 };
 use mesh_testutil::TestNet;
 

@@ -14,7 +14,7 @@ use super::state::{meta_labels, NO_LABELS};
 use super::{ModelConfig, ModelError};
 
 /// HBONE port of waypoints.
-pub(crate) const HBONE_PORT: u32 = 15008;
+pub(crate) const HBONE_PORT: u32 = mesh_capture::HBONE_PORT as u32;
 
 /// Everything a workload's conversion reads besides the object itself. The model fills it
 /// from its indexes; tests fill it by hand.

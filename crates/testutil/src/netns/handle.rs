@@ -6,8 +6,6 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output};
 
-use nix::sched::CloneFlags;
-
 use super::{cmd, NetnsError};
 
 /// Where `ip netns` keeps its namespaces.
@@ -52,28 +50,7 @@ impl Netns {
         F: FnOnce() -> R + Send,
         R: Send,
     {
-        let fd = self.open_fd()?;
-        std::thread::scope(|scope| {
-            let handle = std::thread::Builder::new()
-                .name("netns-run".to_owned())
-                .spawn_scoped(scope, move || {
-                    nix::sched::setns(&fd, CloneFlags::CLONE_NEWNET).map_err(|source| {
-                        NetnsError::Setns {
-                            name: self.name.clone(),
-                            source,
-                        }
-                    })?;
-                    Ok(f())
-                })
-                .map_err(|source| NetnsError::Thread {
-                    name: self.name.clone(),
-                    source,
-                })?;
-            match handle.join() {
-                Ok(result) => result,
-                Err(panic) => std::panic::resume_unwind(panic),
-            }
-        })
+        Ok(mesh_capture::netns::run_in(&self.path(), f)?)
     }
 
     /// `ip netns exec <name> <program> <args>`: the output whatever the exit status (check

@@ -3,36 +3,14 @@
 //! the policy routing that goes with them.
 
 use std::fmt::Write;
-use std::net::Ipv4Addr;
+
+use mesh_capture::{
+    CAPTURE_MARK, DNS_CAPTURE_PORT, HBONE_PORT, INBOUND_CAPTURE_PORT, MARK_MASK, NFT_ROUTE_TABLE,
+    NFT_RULE_PREF, OUTBOUND_CAPTURE_PORT, POD_TABLES as TABLES, PROBE_SNAT_IPV4 as PROBE_SNAT_IP,
+    PROXY_MARK,
+};
 
 use super::{cmd, Netns, NetnsError};
-
-/// ztunnel's outbound capture port inside the pod.
-pub const OUTBOUND_CAPTURE_PORT: u16 = 15001;
-/// ztunnel's plaintext inbound capture port inside the pod.
-pub const INBOUND_CAPTURE_PORT: u16 = 15006;
-/// The HBONE port: never redirected.
-pub const HBONE_PORT: u16 = 15008;
-/// ztunnel's DNS proxy port inside the pod.
-pub const DNS_CAPTURE_PORT: u16 = 15053;
-/// `SO_MARK` of ztunnel's own sockets (1337): the rules let them through.
-pub const PROXY_MARK: u32 = 0x539;
-/// The part of the packet/conntrack mark the rules look at.
-pub const MARK_MASK: u32 = 0xfff;
-/// Conntrack mark of connections that entered through ztunnel; restored on replies.
-pub const CAPTURE_CONN_MARK: u32 = 0x111;
-/// Routing table of the `local 0.0.0.0/0 dev lo` route used for [`CAPTURE_CONN_MARK`].
-pub const CAPTURE_ROUTE_TABLE: u32 = 100;
-/// Preference of the `fwmark 0x111/0xfff lookup 100` rule.
-pub const CAPTURE_RULE_PREF: u32 = 32764;
-/// Source of kubelet probes after the host's SNAT: never captured.
-pub const PROBE_SNAT_IP: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 127);
-
-const TABLES: [&str; 3] = [
-    "istio-ambient-nat",
-    "istio-ambient-mangle",
-    "istio-ambient-raw",
-];
 
 /// What [`pod_redirect_rules`] captures besides TCP.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,7 +65,7 @@ fn nat_rules(options: RedirectOptions) -> Vec<(&'static str, String)> {
         ]);
     }
     rules.extend([
-        (OUT, format!("meta l4proto tcp {mark} == {CAPTURE_CONN_MARK:#x} counter accept")),
+        (OUT, format!("meta l4proto tcp {mark} == {CAPTURE_MARK:#x} counter accept")),
         (OUT, format!("oifname lo {not_local} counter accept")),
         (OUT, format!("meta l4proto tcp {not_local} {mark} != {proxy} counter redirect to :{OUTBOUND_CAPTURE_PORT}")),
     ]);
@@ -97,8 +75,8 @@ fn nat_rules(options: RedirectOptions) -> Vec<(&'static str, String)> {
 fn mangle_rules() -> Vec<(&'static str, String)> {
     let (mark, keep) = (mark(), !MARK_MASK);
     vec![
-        (PRE, format!("{mark} == {PROXY_MARK:#x} counter ct mark set ct mark and {keep:#x} or {CAPTURE_CONN_MARK:#x}")),
-        (OUT, format!("ct mark and {MARK_MASK:#x} == {CAPTURE_CONN_MARK:#x} counter meta mark set ct mark")),
+        (PRE, format!("{mark} == {PROXY_MARK:#x} counter ct mark set ct mark and {keep:#x} or {CAPTURE_MARK:#x}")),
+        (OUT, format!("ct mark and {MARK_MASK:#x} == {CAPTURE_MARK:#x} counter meta mark set ct mark")),
     ]
 }
 
@@ -152,7 +130,7 @@ pub fn pod_redirect_rules(
 ) -> Result<(), NetnsError> {
     let pod = pod.as_ref();
     cmd::nft(pod.name(), &redirect_rules_script(options))?;
-    let table = CAPTURE_ROUTE_TABLE.to_string();
+    let table = NFT_ROUTE_TABLE.to_string();
     pod.ip(&[
         "route",
         "replace",
@@ -166,8 +144,8 @@ pub fn pod_redirect_rules(
     if capture_rule_present(pod)? {
         return Ok(());
     }
-    let fwmark = format!("{CAPTURE_CONN_MARK:#x}/{MARK_MASK:#x}");
-    let pref = CAPTURE_RULE_PREF.to_string();
+    let fwmark = format!("{CAPTURE_MARK:#x}/{MARK_MASK:#x}");
+    let pref = NFT_RULE_PREF.to_string();
     pod.ip(&[
         "rule", "add", "fwmark", &fwmark, "pref", &pref, "lookup", &table,
     ])?;
@@ -184,11 +162,11 @@ pub fn remove_redirect_rules(pod: impl AsRef<Netns>) -> Result<(), NetnsError> {
         let _ = writeln!(script, "delete table inet {table}");
     }
     cmd::nft(pod.name(), &script)?;
-    let pref = CAPTURE_RULE_PREF.to_string();
+    let pref = NFT_RULE_PREF.to_string();
     while capture_rule_present(pod)? {
         pod.ip(&["rule", "del", "pref", &pref])?;
     }
-    let table = CAPTURE_ROUTE_TABLE.to_string();
+    let table = NFT_ROUTE_TABLE.to_string();
     // `ip route show table N` fails when the table does not exist: nothing to remove then.
     let routes = pod
         .ip(&["route", "show", "table", &table])
@@ -209,6 +187,6 @@ pub fn remove_redirect_rules(pod: impl AsRef<Netns>) -> Result<(), NetnsError> {
 }
 
 fn capture_rule_present(pod: &Netns) -> Result<bool, NetnsError> {
-    let pref = CAPTURE_RULE_PREF.to_string();
+    let pref = NFT_RULE_PREF.to_string();
     Ok(!pod.ip(&["rule", "show", "pref", &pref])?.trim().is_empty())
 }

@@ -33,7 +33,7 @@ impl Netns {
     }
 
     /// Like [`Netns::tcp_connect`] from a socket carrying `SO_MARK` `mark` (ztunnel's sockets
-    /// carry [`PROXY_MARK`](super::PROXY_MARK), which the capture rules let through).
+    /// carry [`PROXY_MARK`](mesh_capture::PROXY_MARK), which the capture rules let through).
     pub fn tcp_connect_marked(
         &self,
         addr: SocketAddr,

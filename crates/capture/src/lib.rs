@@ -1,0 +1,12 @@
+//! The in-pod capture contract: the numbers that the capture rules (nftables or eBPF), ztunnel's
+//! in-pod listeners and istiod's workload addresses must agree on, in one place
+//! (docs/architecture.md, the data path), and [`netns::run_in`], the one way the node layer enters a
+//! pod's network namespace.
+//!
+//! Nothing outside this crate spells these numbers: `tests/single_home.rs` greps the
+//! workspace for them.
+
+pub mod contract;
+pub mod netns;
+
+pub use contract::*;
