@@ -15,18 +15,18 @@ use mesh_identity::tls::{parse_certs, peer_identity};
 use mesh_identity::{CertKey, CsrError, Identity, TlsError};
 
 mod client;
-mod der;
 mod manager;
+mod x509;
 
 pub use client::{
     grpc_channel, CaClientConfig, GrpcCaClient, DEFAULT_CLUSTER_ID, DEFAULT_ROOT_CERT_PATH,
     DEFAULT_SECRET_TTL, DEFAULT_TOKEN_PATH, IMPERSONATED_IDENTITY,
 };
-pub use der::{cert_info, rfc3339, CertInfo};
 pub use manager::{
     CertDump, CertDumpEntry, CertManager, CertManagerOptions, DEFAULT_INITIAL_BACKOFF,
     DEFAULT_MAX_BACKOFF, DEFAULT_PREFETCH_CONCURRENCY,
 };
+pub use x509::{cert_info, rfc3339, CertInfo};
 
 /// Errors obtaining a workload certificate.
 #[derive(Debug, thiserror::Error)]

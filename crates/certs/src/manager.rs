@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
+use base64::prelude::{Engine, BASE64_STANDARD};
 use mesh_identity::Identity;
 use serde::Serialize;
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
@@ -13,7 +14,7 @@ use tokio::task::AbortHandle;
 
 use mesh_identity::tls::parse_certs;
 
-use super::der::{cert_info, rfc3339};
+use super::x509::{cert_info, rfc3339};
 use super::{CaClient, CertError, WorkloadCert};
 
 /// First retry delay after a failed request (docs/compatibility.md, certificates).
@@ -354,23 +355,28 @@ impl Worker {
     }
 }
 
-/// One identity in `/config_dump`'s `certificates`.
+/// One identity in `/config_dump`'s `certificates`, in upstream ztunnel's shape.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct CertDump {
     pub identity: String,
     /// `Initializing`, `Available` or `Unavailable: <last error>`.
     pub state: String,
-    /// Leaf first.
+    /// The leaf first, then intermediates; empty unless `Available`.
     pub cert_chain: Vec<CertDumpEntry>,
+    /// The roots the CA sent with the chain (the self-issued certificates after the leaf).
+    pub root_certs: Vec<CertDumpEntry>,
 }
 
 /// One certificate of a chain in `/config_dump`.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct CertDumpEntry {
+    /// Standard base64 of the certificate's PEM text (how upstream's Go structs carry bytes).
     pub pem: String,
+    /// Decimal.
     pub serial_number: String,
+    /// RFC 3339, whole seconds, UTC.
     pub valid_from: String,
     pub expiration_time: String,
 }
@@ -382,34 +388,46 @@ impl CertDump {
             (Some(_), None) => "Available".to_string(),
             (None, None) => "Initializing".to_string(),
         };
-        let cert_chain = slot
-            .cert
-            .as_ref()
-            .map(|cert| dump_chain(cert))
-            .unwrap_or_default();
+        let (cert_chain, root_certs) = match &slot.cert {
+            Some(cert) if slot.last_error.is_none() => dump_chain(cert),
+            _ => (Vec::new(), Vec::new()),
+        };
         CertDump {
             identity: identity.to_string(),
             state,
             cert_chain,
+            root_certs,
         }
     }
 }
 
-fn dump_chain(cert: &WorkloadCert) -> Vec<CertDumpEntry> {
-    cert.chain
+/// The chain split as upstream shows it: leaf and intermediates, then the roots.
+fn dump_chain(cert: &WorkloadCert) -> (Vec<CertDumpEntry>, Vec<CertDumpEntry>) {
+    let entries: Vec<(CertDumpEntry, bool)> = cert
+        .chain
         .iter()
         .flat_map(|pem| pem_blocks(pem))
         .filter_map(|pem| {
             let der = parse_certs(&pem, "certificate").ok()?.into_iter().next()?;
             let info = cert_info(der.as_ref()).ok()?;
-            Some(CertDumpEntry {
-                pem,
+            let entry = CertDumpEntry {
+                pem: BASE64_STANDARD.encode(pem.as_bytes()),
                 serial_number: info.serial,
                 valid_from: rfc3339(info.not_before),
                 expiration_time: rfc3339(info.not_after),
-            })
+            };
+            Some((entry, info.self_issued))
         })
-        .collect()
+        .collect();
+    let roots_from = entries
+        .iter()
+        .enumerate()
+        .skip(1)
+        .find(|(_, (_, self_issued))| *self_issued)
+        .map_or(entries.len(), |(i, _)| i);
+    let mut chain: Vec<CertDumpEntry> = entries.into_iter().map(|(entry, _)| entry).collect();
+    let roots = chain.split_off(roots_from);
+    (chain, roots)
 }
 
 /// The `BEGIN CERTIFICATE` .. `END CERTIFICATE` blocks of a PEM text.

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use base64::prelude::{Engine, BASE64_STANDARD};
 use mesh_identity::Identity;
 use mesh_testutil::FakeCa;
 
@@ -190,15 +191,35 @@ async fn manager_issues_and_caches() {
     assert_eq!(dump.len(), 1);
     assert_eq!(dump[0].identity, "spiffe://cluster.local/ns/default/sa/app");
     assert_eq!(dump[0].state, "Available");
-    assert_eq!(dump[0].cert_chain.len(), 2);
+    // Upstream's shape: the leaf in certChain, the root apart, PEM text in base64.
+    assert_eq!(dump[0].cert_chain.len(), 1);
+    assert_eq!(dump[0].root_certs.len(), 1);
     assert_eq!(dump[0].cert_chain[0].serial_number, first.serial);
+    assert!(
+        first.serial.bytes().all(|b| b.is_ascii_digit()),
+        "{}",
+        first.serial
+    );
     assert_eq!(
         dump[0].cert_chain[0].expiration_time,
         rfc3339(first.not_after)
     );
-    assert_eq!(dump[0].cert_chain[1].pem.trim(), s.ca.root_pem().trim());
+    let root_pem = BASE64_STANDARD
+        .decode(&dump[0].root_certs[0].pem)
+        .expect("base64");
+    assert_eq!(
+        String::from_utf8(root_pem).expect("utf-8").trim(),
+        s.ca.root_pem().trim()
+    );
+    assert!(dump[0].cert_chain[0]
+        .pem
+        .starts_with("LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t"));
     let json = serde_json::to_value(&dump).expect("json");
     assert!(json[0]["certChain"][0]["validFrom"].is_string(), "{json}");
+    assert!(
+        json[0]["rootCerts"][0]["serialNumber"].is_string(),
+        "{json}"
+    );
 
     assert!(manager.forget(&id("app")));
     assert!(!manager.forget(&id("app")));
