@@ -55,22 +55,24 @@ pub fn metric_sum(text: &str, name: &str, filters: &[&str]) -> f64 {
 }
 
 /// `workloadState` of a ztunnel as (uid, state: `Up`, `Pending` or `Draining`); empty when
-/// the admin port does not answer.
+/// the admin port does not answer. Reads upstream's shape (an object keyed by uid, each
+/// `{state, info}`) and the list of `{uid, state, ...}` older builds of ours wrote.
 pub fn workload_state(z: &Ztunnel) -> Vec<(String, String)> {
     let Some(dump) = z.try_config_dump() else {
         return Vec::new();
     };
-    dump["workloadState"]
-        .as_array()
-        .map(|pods| {
-            pods.iter()
-                .map(|p| {
-                    let field = |k: &str| p[k].as_str().unwrap_or_default().to_string();
-                    (field("uid"), field("state"))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    let state = |p: &serde_json::Value| p["state"].as_str().unwrap_or_default().to_string();
+    match &dump["workloadState"] {
+        serde_json::Value::Object(pods) => pods
+            .iter()
+            .map(|(uid, p)| (uid.clone(), state(p)))
+            .collect(),
+        serde_json::Value::Array(pods) => pods
+            .iter()
+            .map(|p| (p["uid"].as_str().unwrap_or_default().to_string(), state(p)))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The uids ztunnel serves are exactly `want`, all `Up`.

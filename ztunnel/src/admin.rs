@@ -53,7 +53,7 @@ pub fn readiness_router(readiness: Readiness) -> Router {
 }
 
 async fn index() -> &'static str {
-    "ztunnel admin\n  /config_dump   workloads, services, policies, certificates, config, workloadState\n  /logging       current log filter; POST /logging?level=<RUST_LOG filter> changes it\n  /quitquitquit  (POST) drain and exit\n"
+    "ztunnel admin\n  /config_dump   workloads, services, policies, stagedServices, staticConfig, certificates, config, workloadState\n  /logging       current log filter; POST /logging?level=<RUST_LOG filter> changes it\n  /quitquitquit  (POST) drain and exit\n"
 }
 
 /// The JSON `istioctl ztunnel-config` reads (camelCase keys as upstream).
@@ -69,9 +69,11 @@ async fn config_dump(State(view): State<AdminView>) -> Json<serde_json::Value> {
         "workloads": dump.workloads,
         "services": dump.services,
         "policies": dump.policies,
+        "stagedServices": dump.staged_services,
+        "staticConfig": dump.static_config,
         "certificates": certificates,
         "config": view.config.as_ref(),
-        "workloadState": view.inpod.as_ref().map(InPodStatus::pods).unwrap_or_default(),
+        "workloadState": view.inpod.as_ref().map(InPodStatus::dump).unwrap_or_default(),
         "version": { "version": env!("CARGO_PKG_VERSION") },
     }))
 }

@@ -17,7 +17,7 @@ pub use manager::{InPodManager, INITIAL_BACKOFF, MAX_BACKOFF, RETRY_PENDING};
 pub use netns::{InPodSockets, Netns, NetnsError, NetnsId};
 pub use pods::PodError;
 pub use protocol::{InvalidMessage, WorkloadMessage, ZdsConnection, ZdsError};
-pub use status::{InPodStatus, PodState, ProxyState};
+pub use status::{InPodStatus, PodState, ProxyState, WorkloadInfoDump, WorkloadStateDump};
 
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use mesh_proto::security::Authorization;
 use mesh_proto::workload::{address, Address};
@@ -175,6 +176,8 @@ pub struct State {
     services: BTreeMap<String, Service>,
     services_by_vip: HashMap<NetworkIp, String>,
     policies: PolicySet,
+    /// What `LOCAL_XDS_PATH` loaded, for `/config_dump`'s `staticConfig`.
+    local: Arc<local::LocalConfig>,
 }
 
 impl State {
@@ -400,6 +403,16 @@ impl State {
     /// All services, in key order.
     pub fn services(&self) -> impl Iterator<Item = &Service> {
         self.services.values()
+    }
+
+    /// Every service key some workload names, whether or not the service is known.
+    pub fn endpoint_keys(&self) -> impl Iterator<Item = &str> {
+        self.endpoints.keys().map(String::as_str)
+    }
+
+    /// The local configuration loaded (empty without `LOCAL_XDS_PATH`).
+    pub fn local_config(&self) -> Arc<local::LocalConfig> {
+        Arc::clone(&self.local)
     }
 
     /// A serializable snapshot for `/config_dump`.

@@ -77,6 +77,28 @@ async fn config_dump_shows_state_and_config_and_quit_triggers_shutdown() {
         dump["config"].is_object() && dump["certificates"].is_array(),
         "{dump}"
     );
+    // Every top-level section upstream's dump has.
+    let keys: Vec<&str> = dump
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        keys,
+        [
+            "certificates",
+            "config",
+            "policies",
+            "services",
+            "stagedServices",
+            "staticConfig",
+            "version",
+            "workloadState",
+            "workloads"
+        ],
+        "{dump}"
+    );
+    assert!(dump["workloadState"].is_object(), "{dump}");
+    assert!(dump["stagedServices"].is_object(), "{dump}");
 
     assert!(!shutdown.requested());
     let resp = request(admin, "POST", "/quitquitquit").await;

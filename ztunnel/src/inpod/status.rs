@@ -35,6 +35,22 @@ pub struct PodState {
     pub state: ProxyState,
 }
 
+/// One entry of `/config_dump`'s `workloadState`, keyed by pod uid (upstream's shape).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WorkloadStateDump {
+    pub state: ProxyState,
+    pub info: WorkloadInfoDump,
+}
+
+/// Who the pod is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadInfoDump {
+    pub name: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
 /// A cheap, cloneable view of the in-pod manager.
 #[derive(Clone, Debug)]
 pub struct InPodStatus {
@@ -69,6 +85,33 @@ impl InPodStatus {
         let mut pods: Vec<PodState> = self.lock().values().cloned().collect();
         pods.sort_by(|a, b| a.uid.cmp(&b.uid));
         pods
+    }
+
+    /// `workloadState`: one entry per pod uid. While a replaced proxy drains next to its
+    /// successor, the successor is shown; a pod whose only proxy drains shows `Draining`.
+    pub fn dump(&self) -> BTreeMap<String, WorkloadStateDump> {
+        let mut dump = BTreeMap::new();
+        for pod in self.lock().values() {
+            let entry = WorkloadStateDump {
+                state: pod.state,
+                info: WorkloadInfoDump {
+                    name: pod.name.clone(),
+                    namespace: pod.namespace.clone(),
+                    service_account: pod.service_account.clone(),
+                },
+            };
+            match dump.entry(pod.uid.clone()) {
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(entry);
+                }
+                std::collections::btree_map::Entry::Occupied(mut slot) => {
+                    if slot.get().state == ProxyState::Draining {
+                        slot.insert(entry);
+                    }
+                }
+            }
+        }
+        dump
     }
 
     pub(super) fn set_ready(&self, ready: bool) {

@@ -301,11 +301,11 @@ async fn listeners_live_in_the_pod_netns_marked_and_drained_on_shutdown() {
     assert_eq!(others, (true, true, true));
 
     assert_eq!(h.states(), vec![("p1".to_string(), ProxyState::Up)]);
-    let dump = serde_json::to_value(h.status.pods()).expect("json");
+    let dump = serde_json::to_value(h.status.dump()).expect("json");
     assert_eq!(
-        dump[0],
-        serde_json::json!({"uid": "p1", "name": "p1", "namespace": "default",
-            "serviceAccount": "sa-", "state": "Up"})
+        dump,
+        serde_json::json!({"p1": {"state": "Up",
+            "info": {"name": "p1", "namespace": "default", "serviceAccount": "sa-"}}})
     );
     let text = h.metrics.render();
     assert!(text.contains("istio_active_proxy_count 1"), "{text}");
@@ -611,4 +611,33 @@ fn parse_rejects_bad_datagrams() {
     .encode_to_vec();
     let err = protocol::parse(&empty_uid, vec![], MsgFlags::empty()).expect_err("no uid");
     assert_eq!(err.reason(), "empty_uid");
+}
+
+#[test]
+fn workload_state_is_keyed_by_uid_and_a_successor_hides_its_draining_predecessor() {
+    let status = InPodStatus::new();
+    let pod = |uid: &str| PodInfo {
+        uid: uid.to_string(),
+        name: format!("{uid}-name"),
+        namespace: "ns".to_string(),
+        service_account: "sa".to_string(),
+    };
+    status.set(1, &pod("a"), ProxyState::Draining);
+    status.set(2, &pod("a"), ProxyState::Pending);
+    status.set(3, &pod("b"), ProxyState::Up);
+    status.set(4, &pod("c"), ProxyState::Draining);
+    let dump = serde_json::to_value(status.dump()).expect("json");
+    assert_eq!(
+        dump,
+        serde_json::json!({
+            "a": {"state": "Pending", "info": {"name": "a-name", "namespace": "ns", "serviceAccount": "sa"}},
+            "b": {"state": "Up", "info": {"name": "b-name", "namespace": "ns", "serviceAccount": "sa"}},
+            "c": {"state": "Draining", "info": {"name": "c-name", "namespace": "ns", "serviceAccount": "sa"}},
+        })
+    );
+    // The order proxies were registered in does not matter.
+    let status = InPodStatus::new();
+    status.set(1, &pod("a"), ProxyState::Up);
+    status.set(2, &pod("a"), ProxyState::Draining);
+    assert_eq!(status.dump()["a"].state, ProxyState::Up);
 }

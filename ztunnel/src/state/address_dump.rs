@@ -101,6 +101,8 @@ pub struct ServiceDump<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     ip_families: Option<&'static str>,
     canonical: bool,
+    /// `Public` (the default) or `NamespaceLocal`.
+    visibility: &'static str,
 }
 
 /// One workload behind a service, with the ports it serves the service on.
@@ -226,17 +228,7 @@ impl<'a> ServiceDump<'a> {
             .workloads_of_service(&key)
             .into_iter()
             .filter(|w| allow_all || w.status == pb::WorkloadStatus::Healthy)
-            .map(|w| {
-                let ports = w.services.get(&key).map_or(&[][..], Vec::as_slice);
-                (
-                    w.uid.as_str(),
-                    EndpointDump {
-                        workload_uid: &w.uid,
-                        port: port_map(ports),
-                        status: status(w.status),
-                    },
-                )
-            })
+            .map(|w| (w.uid.as_str(), EndpointDump::new(w, &key)))
             .collect();
         ServiceDump {
             name: &s.name,
@@ -267,6 +259,22 @@ impl<'a> ServiceDump<'a> {
                 pb::IpFamilies::Dual => Some("Dual"),
             },
             canonical: s.canonical,
+            visibility: match s.visibility {
+                pb::ServiceVisibility::Public => "Public",
+                pb::ServiceVisibility::NamespaceLocal => "NamespaceLocal",
+            },
+        }
+    }
+}
+
+impl<'a> EndpointDump<'a> {
+    /// `w` as an endpoint of the service `key`, with the ports it serves it on.
+    pub fn new(w: &'a Workload, key: &str) -> Self {
+        let ports = w.services.get(key).map_or(&[][..], Vec::as_slice);
+        EndpointDump {
+            workload_uid: &w.uid,
+            port: port_map(ports),
+            status: status(w.status),
         }
     }
 }

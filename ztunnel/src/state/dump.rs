@@ -6,7 +6,11 @@ use ipnet::IpNet;
 use mesh_proto::security as sec;
 use serde::{Deserialize, Serialize};
 
-use super::address_dump::{ServiceDump, WorkloadDump};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::address_dump::{EndpointDump, ServiceDump, WorkloadDump};
+use super::local::LocalConfig;
 use super::State;
 use crate::rbac::{self, Policy, RbacMatch};
 
@@ -20,6 +24,11 @@ pub struct StateDump<'a> {
     pub services: Vec<ServiceDump<'a>>,
     /// Policies in `namespace/name` order.
     pub policies: Vec<PolicyDump>,
+    /// Endpoints waiting for their service: `namespace/hostname` to endpoints by workload uid
+    /// (workloads that name a service istiod has not sent, or not yet).
+    pub staged_services: BTreeMap<&'a str, BTreeMap<&'a str, EndpointDump<'a>>>,
+    /// What `LOCAL_XDS_PATH` loaded (empty lists without it).
+    pub static_config: Arc<LocalConfig>,
 }
 
 pub(super) fn dump(state: &State) -> StateDump<'_> {
@@ -30,6 +39,19 @@ pub(super) fn dump(state: &State) -> StateDump<'_> {
             .map(|s| ServiceDump::new(s, state))
             .collect(),
         policies: state.policies().iter().map(PolicyDump::from).collect(),
+        staged_services: state
+            .endpoint_keys()
+            .filter(|key| state.service(key).is_none())
+            .filter_map(|key| {
+                let endpoints: BTreeMap<_, _> = state
+                    .workloads_of_service(key)
+                    .into_iter()
+                    .map(|w| (w.uid.as_str(), EndpointDump::new(w, key)))
+                    .collect();
+                (!endpoints.is_empty()).then_some((key, endpoints))
+            })
+            .collect(),
+        static_config: state.local_config(),
     }
 }
 
@@ -46,8 +68,8 @@ pub struct PolicyDump {
     /// `Allow` or `Deny`.
     pub action: ActionName,
     /// Groups (OR) of rules (AND) of matches (OR). String matchers are single-key maps
-    /// (`{exact: x}`) in YAML too, not YAML tags.
-    #[serde(default, with = "serde_yaml::with::singleton_map_recursive")]
+    /// (`{Exact: x}`) in YAML too, not YAML tags.
+    #[serde(default)]
     pub rules: Vec<Vec<Vec<MatchDump>>>,
     /// Logged, never enforced.
     #[serde(default)]
@@ -74,9 +96,10 @@ pub enum ActionName {
     Deny,
 }
 
-/// A string matcher: `{exact: x}`, `{prefix: x}`, `{suffix: x}` or `{presence: {}}`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// A string matcher as upstream ztunnel writes it: `{"Exact": x}`, `{"Prefix": x}`,
+/// `{"Suffix": x}` or `{"Presence": []}`. Reading also takes the lowercase keys and
+/// `{presence: {}}` that earlier builds of ours wrote and documented.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StringMatchDump {
     /// Equal.
     Exact(String),
@@ -85,7 +108,64 @@ pub enum StringMatchDump {
     /// Ends with.
     Suffix(String),
     /// Non-empty.
-    Presence {},
+    Presence,
+}
+
+impl Serialize for StringMatchDump {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(1))?;
+        match self {
+            StringMatchDump::Exact(s) => map.serialize_entry("Exact", s)?,
+            StringMatchDump::Prefix(s) => map.serialize_entry("Prefix", s)?,
+            StringMatchDump::Suffix(s) => map.serialize_entry("Suffix", s)?,
+            StringMatchDump::Presence => map.serialize_entry("Presence", &[(); 0])?,
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for StringMatchDump {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(StringMatchVisitor)
+    }
+}
+
+struct StringMatchVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StringMatchVisitor {
+    type Value = StringMatchDump;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a one-key map: Exact, Prefix or Suffix with a string, or Presence")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error;
+        let key: String = map.next_key()?.ok_or_else(|| {
+            A::Error::custom("empty string matcher; want one of Exact, Prefix, Suffix, Presence")
+        })?;
+        let found = match key.as_str() {
+            "Exact" | "exact" => StringMatchDump::Exact(map.next_value()?),
+            "Prefix" | "prefix" => StringMatchDump::Prefix(map.next_value()?),
+            "Suffix" | "suffix" => StringMatchDump::Suffix(map.next_value()?),
+            "Presence" | "presence" => {
+                map.next_value::<serde::de::IgnoredAny>()?;
+                StringMatchDump::Presence
+            }
+            other => {
+                return Err(A::Error::custom(format!(
+                    "unknown string matcher {other:?}; want one of Exact, Prefix, Suffix, Presence"
+                )))
+            }
+        };
+        if map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+            return Err(A::Error::custom(
+                "a string matcher has exactly one key (Exact, Prefix, Suffix or Presence)",
+            ));
+        }
+        Ok(found)
+    }
 }
 
 /// A service-account pair.
@@ -190,7 +270,7 @@ impl From<&rbac::StringMatch> for StringMatchDump {
             rbac::StringMatch::Exact(s) => StringMatchDump::Exact(s.clone()),
             rbac::StringMatch::Prefix(s) => StringMatchDump::Prefix(s.clone()),
             rbac::StringMatch::Suffix(s) => StringMatchDump::Suffix(s.clone()),
-            rbac::StringMatch::Presence => StringMatchDump::Presence {},
+            rbac::StringMatch::Presence => StringMatchDump::Presence,
         }
     }
 }
@@ -277,7 +357,7 @@ impl StringMatchDump {
             StringMatchDump::Exact(s) => MatchType::Exact(s.clone()),
             StringMatchDump::Prefix(s) => MatchType::Prefix(s.clone()),
             StringMatchDump::Suffix(s) => MatchType::Suffix(s.clone()),
-            StringMatchDump::Presence {} => MatchType::Presence(()),
+            StringMatchDump::Presence => MatchType::Presence(()),
         };
         sec::StringMatch {
             match_type: Some(t),

@@ -19,7 +19,7 @@
 //!   ports: {80: 8080}
 //! policies:
 //! - {name: deny, namespace: default, scope: Namespace, action: Deny,
-//!    rules: [[[{notNamespaces: [{exact: default}]}]]]}
+//!    rules: [[[{notNamespaces: [{Exact: default}]}]]]}
 //! ```
 
 use std::collections::BTreeMap;
@@ -27,22 +27,22 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use mesh_proto::workload as pb;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::dump::PolicyDump;
 use super::types::Ctx;
 use super::{Problem, State, StateError};
 
-/// The whole file.
-#[derive(Debug, Default, Deserialize)]
+/// The whole file; also `/config_dump`'s `staticConfig`.
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
-struct LocalConfig {
+pub struct LocalConfig {
     workloads: Vec<LocalWorkload>,
     policies: Vec<PolicyDump>,
     services: Vec<LocalService>,
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize)]
 enum LocalProtocol {
     #[serde(rename = "HBONE")]
     Hbone,
@@ -51,29 +51,40 @@ enum LocalProtocol {
     Tcp,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 struct LocalWorkload {
+    #[serde(skip_serializing_if = "String::is_empty")]
     uid: String,
     name: String,
     namespace: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     service_account: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     trust_domain: String,
     workload_ips: Vec<IpAddr>,
     protocol: LocalProtocol,
+    #[serde(skip_serializing_if = "String::is_empty")]
     node: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     network: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     hostname: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     canonical_name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     canonical_revision: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     workload_name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
     cluster_id: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     authorization_policies: Vec<String>,
     /// `"namespace/hostname": {servicePort: targetPort}`.
     services: BTreeMap<String, BTreeMap<u16, u16>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", default, deny_unknown_fields)]
 struct LocalService {
     name: String,
@@ -190,6 +201,7 @@ impl State {
                 path: path.to_path_buf(),
                 source: Box::new(source),
             })?;
+        next.local = std::sync::Arc::new(config);
         *self = next;
         Ok(())
     }

@@ -525,7 +525,7 @@ fn local_xds_yaml_loads() {
     // The dump round-trips the policy shape of the file.
     let json = serde_json::to_value(s.dump()).expect("serialize");
     let m = &json["policies"][0]["rules"][0][0][0];
-    assert_eq!(m["namespaces"][0]["exact"], "default", "{json}");
+    assert_eq!(m["namespaces"][0]["Exact"], "default", "{json}");
     assert_eq!(m["sourceIps"][0], "127.0.0.0/8");
     let dumped = s.dump().policies;
     assert_eq!(
@@ -595,4 +595,103 @@ async fn shared_state_wakes_waiters_on_xds_changes() {
         })
         .await;
     assert!(none.is_none());
+}
+
+#[test]
+fn the_dump_has_upstreams_shape_for_matches_visibility_staged_services_and_static_config() {
+    let yaml = r#"
+workloads:
+- uid: cluster1//Pod/default/a
+  name: a
+  namespace: default
+  workloadIps: ["127.0.0.1"]
+  protocol: HBONE
+  services:
+    "default/echo.default.svc.cluster.local": {80: 8080}
+    "default/later.default.svc.cluster.local": {90: 9090}
+services:
+- name: echo
+  namespace: default
+  hostname: echo.default.svc.cluster.local
+  vips: ["/10.96.0.10"]
+  ports: {80: 8080}
+policies:
+- name: p
+  namespace: default
+  scope: Namespace
+  action: Allow
+  rules:
+  - - - namespaces: [{Exact: default}]
+        principals: [{Presence: []}]
+      - notPrincipals: [{presence: {}}, {Prefix: x}, {suffix: y}]
+"#;
+    let mut s = State::new();
+    s.load_local_yaml(Path::new("local.yaml"), yaml)
+        .expect("load");
+    let json = serde_json::to_value(s.dump()).expect("serialize");
+    let rules = &json["policies"][0]["rules"][0];
+    assert_eq!(
+        rules[0][0]["namespaces"][0],
+        serde_json::json!({"Exact": "default"})
+    );
+    assert_eq!(
+        rules[0][0]["principals"][0],
+        serde_json::json!({"Presence": []})
+    );
+    assert_eq!(
+        rules[0][1]["notPrincipals"],
+        serde_json::json!([{"Presence": []}, {"Prefix": "x"}, {"Suffix": "y"}])
+    );
+    assert_eq!(json["services"][0]["visibility"], "Public");
+    assert_eq!(
+        json["stagedServices"],
+        serde_json::json!({"default/later.default.svc.cluster.local": {
+            "cluster1//Pod/default/a": {"workloadUid": "cluster1//Pod/default/a",
+                "port": {"90": 9090}, "status": "Healthy"}}})
+    );
+    let static_config = &json["staticConfig"];
+    assert_eq!(
+        static_config["workloads"][0]["uid"],
+        "cluster1//Pod/default/a"
+    );
+    assert_eq!(
+        static_config["services"][0]["hostname"],
+        "echo.default.svc.cluster.local"
+    );
+    assert_eq!(static_config["policies"][0]["name"], "p");
+    // What the dump shows loads again.
+    let again = serde_yaml::to_string(&*s.local_config()).expect("yaml");
+    let mut t = State::new();
+    t.load_local_yaml(Path::new("dump.yaml"), &again)
+        .expect("the static config reloads");
+    assert_eq!(
+        serde_json::to_value(t.dump()).expect("json")["policies"],
+        json["policies"]
+    );
+
+    // Without local config: empty lists, as upstream.
+    let empty = serde_json::to_value(State::new().dump()).expect("json");
+    assert_eq!(
+        empty["staticConfig"],
+        serde_json::json!({"workloads": [], "policies": [], "services": []})
+    );
+    assert_eq!(empty["stagedServices"], serde_json::json!({}));
+}
+
+#[test]
+fn bad_string_matchers_are_named() {
+    for (rule, want) in [
+        ("{Regex: x}", "unknown string matcher \"Regex\""),
+        ("{}", "empty string matcher"),
+        ("{Exact: a, Prefix: b}", "exactly one key"),
+        ("{Exact: [1]}", "invalid type"),
+    ] {
+        let yaml = format!(
+            "policies:\n- {{name: p, namespace: ns, scope: Global, action: Allow, rules: [[[{{namespaces: [{rule}]}}]]]}}\n"
+        );
+        let err = State::new()
+            .load_local_yaml(Path::new("bad.yaml"), &yaml)
+            .expect_err(rule);
+        assert!(err.to_string().contains(want), "{rule}: {err}");
+    }
 }
