@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cni-node [run] [--cluster-config-dir DIR]      run the agent (configuration: cni_node::config)
-//! cni-node status [--state-dir DIR] [-o table|json]   the pods the agent knows and their
+//! cni-node status [--state-dir DIR] [-o table|wide|json]   the pods the agent knows and their
 //!                                                     ambient.istio.io/redirection status
 //! cni-node install-cni | uninstall-cni [--net-dir DIR] [--bin-dir DIR] [--plugin FILE]
 //!                                      [--conf-name NAME] [--kubeconfig FILE] [--watch]
@@ -10,6 +10,8 @@
 //!     it out; with --watch, keep it installed and repaired until SIGTERM, then take it out
 //!     unless the istio-cni-node DaemonSet still exists (an upgrade)
 //! ```
+//!
+//! The command line is parsed by clap (`cni-node --help`); a bad flag exits 2.
 //!
 //! The agent watches the cluster YAML directory (`CLUSTER_CONFIG_DIR`), or on Kubernetes the
 //! pods of its node and all namespaces (writing `ambient.istio.io/redirection`), serves the plugin's
@@ -22,6 +24,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use cni_node::agent::{kube_watches, serve_probes, Agent, AgentOptions, PodAnnotator};
 use cni_node::config::{Config, RedirectionMode, AGENT_STATE_DIR, DEFAULT_STATE_DIR};
 use cni_node::event::{self, CniAddHandler};
@@ -33,117 +36,164 @@ use cni_node::zds_server::ZdsServer;
 use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource, KubeSource};
 use tracing::{error, info};
 
-const USAGE: &str = "usage:
-  cni-node [run] [--cluster-config-dir DIR]
-  cni-node status [--state-dir DIR] [-o table|json]
-  cni-node install-cni | uninstall-cni [--net-dir DIR] [--bin-dir DIR] [--plugin FILE] [--conf-name NAME]
-                                       [--kubeconfig FILE] [--watch]";
+/// The istio-cni node agent for ambient mode.
+#[derive(Debug, Parser)]
+#[command(name = "cni-node", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Without a subcommand: `run`.
+    #[command(flatten)]
+    run: RunArgs,
+}
 
-#[derive(Debug)]
+#[derive(Debug, Subcommand)]
 enum Command {
-    Run {
-        cluster_dir: Option<PathBuf>,
-    },
-    Status {
-        state_dir: PathBuf,
-        json: bool,
-    },
-    Install {
-        opts: Box<cni_node::install::InstallOptions>,
-        remove: bool,
+    /// Run the agent (the default; configured by environment, see cni_node::config).
+    Run(RunArgs),
+    /// The pods the agent knows and their ambient.istio.io/redirection status.
+    Status(StatusArgs),
+    /// Chain istio-cni into the node's primary CNI configuration; with --watch keep it
+    /// installed and repaired until SIGTERM.
+    InstallCni {
+        #[command(flatten)]
+        paths: CniPaths,
+        /// Keep the entry installed and repaired until SIGTERM, then take it out unless the
+        /// istio-cni-node DaemonSet still exists (an upgrade).
+        #[arg(long)]
         watch: bool,
     },
-    Help,
+    /// Take istio-cni out of the node's CNI configuration.
+    UninstallCni {
+        #[command(flatten)]
+        paths: CniPaths,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Read pods and namespaces from this YAML directory instead of the Kubernetes API.
+    #[arg(long, value_name = "DIR")]
+    cluster_config_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct StatusArgs {
+    /// Where the agent keeps its pod records [default: $AGENT_STATE_DIR, else
+    /// /var/run/istio-cni/state].
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Wide,
+    Json,
+}
+
+/// Where install-cni works, defaulting as Istio's install-cni container mounts the host.
+#[derive(Debug, Args)]
+struct CniPaths {
+    /// The node's CNI configuration directory.
+    #[arg(long, value_name = "DIR", default_value = "/host/etc/cni/net.d")]
+    net_dir: PathBuf,
+    /// Where the plugin binary is copied.
+    #[arg(long, value_name = "DIR", default_value = "/host/opt/cni/bin")]
+    bin_dir: PathBuf,
+    /// The plugin binary to copy (default: istio-cni next to this binary).
+    #[arg(long, value_name = "FILE")]
+    plugin: Option<PathBuf>,
+    /// The primary configuration file to chain into [default: $CNI_CONF_NAME, else the
+    /// first one by name].
+    #[arg(long, value_name = "NAME")]
+    conf_name: Option<String>,
+    /// Where the plugin's kubeconfig is written when running in a pod.
+    #[arg(long, value_name = "FILE", default_value = cni_node::install::kubeconfig::DEFAULT_KUBECONFIG)]
+    kubeconfig: PathBuf,
+}
+
+/// Why the agent or the installer stopped with an error.
+#[derive(Debug, thiserror::Error)]
+enum MainError {
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+    #[error("cannot install the host probe SNAT rules: {0}")]
+    ProbeSnat(#[source] cni_node::redirect::RedirectError),
+    #[cfg(feature = "ebpf")]
+    #[error("cannot load the eBPF capture programs: {0}")]
+    Ebpf(#[source] mesh_ebpf::CaptureError),
+    #[cfg(not(feature = "ebpf"))]
+    #[error("REDIRECTION_MODE=ebpf, but this cni-node was built without the ebpf feature")]
+    EbpfNotBuilt,
+    #[error(transparent)]
+    Zds(#[from] cni_node::zds_server::ZdsError),
+    #[error(transparent)]
+    Kube(#[from] mesh_kube::ClientError),
+    #[error(transparent)]
+    Restore(#[from] cni_node::agent::AgentError),
+    #[error(transparent)]
+    PluginSocket(#[from] cni_node::event::EventError),
+    #[error("cannot listen on {addr} for /readyz: {source}; is another agent running?")]
+    Readiness {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Install(#[from] cni_node::install::InstallError),
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match parse_args(&args) {
-        Ok(Command::Help) => {
-            println!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        Ok(Command::Status { state_dir, json }) => status(&state_dir, json),
-        Ok(Command::Run { cluster_dir }) => run(cluster_dir),
-        Ok(Command::Install {
-            opts,
-            remove: false,
-            watch: true,
-        }) => keep_cni_installed(&opts),
-        Ok(Command::Install { opts, remove, .. }) => install_cni(&opts, remove),
-        Err(message) => {
-            eprintln!("cni-node: {message}\n{USAGE}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// The value after flag `name`.
-fn next_value(it: &mut std::slice::Iter<'_, String>, name: &str) -> Result<String, String> {
-    it.next()
-        .cloned()
-        .ok_or_else(|| format!("{name} needs a value"))
-}
-
-fn parse_args(args: &[String]) -> Result<Command, String> {
-    let (command, rest) = match args.first().map(String::as_str) {
-        Some("status") => ("status", &args[1..]),
-        Some("run") => ("run", &args[1..]),
-        Some("install-cni") => ("install-cni", &args[1..]),
-        Some("uninstall-cni") => ("uninstall-cni", &args[1..]),
-        _ => ("run", args),
-    };
-    if command.ends_with("install-cni") {
-        return install_args(rest, command == "uninstall-cni");
-    }
-    let mut cluster_dir = None;
-    let mut state_dir = None;
-    let mut json = false;
-    let mut it = rest.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| next_value(&mut it, name);
-        match (command, arg.as_str()) {
-            (_, "-h" | "--help") => return Ok(Command::Help),
-            ("run", "--cluster-config-dir") => cluster_dir = Some(PathBuf::from(value(arg)?)),
-            ("status", "--state-dir") => state_dir = Some(PathBuf::from(value(arg)?)),
-            ("status", "-o" | "--output") => {
-                json = match value(arg)?.as_str() {
-                    "json" => true,
-                    "table" | "wide" => false,
-                    other => return Err(format!("unknown output format {other:?}")),
-                }
-            }
-            (_, other) => return Err(format!("unknown argument {other:?} for {command}")),
-        }
-    }
-    Ok(match command {
-        "status" => Command::Status {
-            state_dir: state_dir.unwrap_or_else(|| {
-                std::env::var_os(AGENT_STATE_DIR)
-                    .filter(|v| !v.is_empty())
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run(cli.run)) {
+        Command::Run(args) => run(args.cluster_config_dir),
+        Command::Status(args) => {
+            let state_dir = args.state_dir.unwrap_or_else(|| {
+                env_non_empty(AGENT_STATE_DIR)
                     .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from)
-            }),
-            json,
-        },
-        _ => Command::Run { cluster_dir },
-    })
+            });
+            status(&state_dir, args.output == Output::Json)
+        }
+        Command::InstallCni { paths, watch } => {
+            let opts = install_options(paths);
+            if watch {
+                keep_cni_installed(&opts)
+            } else {
+                install_cni(&opts, false)
+            }
+        }
+        Command::UninstallCni { paths } => install_cni(&install_options(paths), true),
+    }
 }
 
-/// `install-cni` / `uninstall-cni` flags, defaulting as Istio's install-cni container mounts
-/// the host: `/host/etc/cni/net.d`, `/host/opt/cni/bin`, the plugin next to this binary;
-/// `CNI_CONF_NAME` names the primary file. In a pod, the plugin's kubeconfig is written (from
-/// the service account) and named in its entry.
-fn install_args(rest: &[String], remove: bool) -> Result<Command, String> {
-    let exe_dir = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("/opt/cni/bin"));
-    let mut opts = cni_node::install::InstallOptions {
-        net_dir: PathBuf::from("/host/etc/cni/net.d"),
-        bin_dir: PathBuf::from("/host/opt/cni/bin"),
-        plugin_binary: exe_dir.join(cni_node::install::PLUGIN_TYPE),
-        conf_name: std::env::var("CNI_CONF_NAME")
+/// An environment variable's value; unset and empty are the same (as in a pod spec).
+fn env_non_empty(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// The installer's options: Istio's chained entry, and in a pod the plugin's kubeconfig
+/// (written from the service account) named in it.
+fn install_options(paths: CniPaths) -> cni_node::install::InstallOptions {
+    let plugin_binary = paths.plugin.unwrap_or_else(|| {
+        std::env::current_exe()
             .ok()
+            .and_then(|p| p.parent().map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("/opt/cni/bin"))
+            .join(cni_node::install::PLUGIN_TYPE)
+    });
+    let mut opts = cni_node::install::InstallOptions {
+        net_dir: paths.net_dir,
+        bin_dir: paths.bin_dir,
+        plugin_binary,
+        conf_name: paths
+            .conf_name
+            .or_else(|| env_non_empty("CNI_CONF_NAME"))
             .filter(|v| !v.is_empty()),
         entry: serde_json::json!({
             "cniVersion": "0.3.1",
@@ -156,32 +206,12 @@ fn install_args(rest: &[String], remove: bool) -> Result<Command, String> {
         }),
         kubeconfig: None,
     };
-    let mut kubeconfig = PathBuf::from(cni_node::install::kubeconfig::DEFAULT_KUBECONFIG);
-    let mut watch = false;
-    let mut it = rest.iter();
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| next_value(&mut it, name);
-        match arg.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--net-dir" => opts.net_dir = PathBuf::from(value(arg)?),
-            "--bin-dir" => opts.bin_dir = PathBuf::from(value(arg)?),
-            "--plugin" => opts.plugin_binary = PathBuf::from(value(arg)?),
-            "--conf-name" => opts.conf_name = Some(value(arg)?),
-            "--kubeconfig" => kubeconfig = PathBuf::from(value(arg)?),
-            "--watch" if !remove => watch = true,
-            other => return Err(format!("unknown argument {other:?} for install-cni")),
-        }
-    }
     if let Some(account) = cni_node::install::ServiceAccount::in_cluster() {
         opts.entry["kubernetes"] =
-            serde_json::json!({"kubeconfig": kubeconfig.display().to_string()});
-        opts.kubeconfig = Some((kubeconfig, account));
+            serde_json::json!({"kubeconfig": paths.kubeconfig.display().to_string()});
+        opts.kubeconfig = Some((paths.kubeconfig, account));
     }
-    Ok(Command::Install {
-        opts: Box::new(opts),
-        remove,
-        watch,
-    })
+    opts
 }
 
 fn install_cni(opts: &cni_node::install::InstallOptions, remove: bool) -> ExitCode {
@@ -214,8 +244,7 @@ fn keep_cni_installed(opts: &cni_node::install::InstallOptions) -> ExitCode {
         return ExitCode::from(2);
     }
     block_on(async {
-        let shutdown = mesh_runtime::signal::on_signals()
-            .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+        let shutdown = mesh_runtime::signal::on_signals().map_err(MainError::Signals)?;
         let in_cluster = opts.kubeconfig.is_some();
         let cleanup = || async move {
             if !in_cluster {
@@ -235,9 +264,7 @@ fn keep_cni_installed(opts: &cni_node::install::InstallOptions) -> ExitCode {
                 }
             }
         };
-        keep_installed(opts, REPAIR_INTERVAL, shutdown.wait(), cleanup)
-            .await
-            .map_err(|e| e.to_string())
+        Ok(keep_installed(opts, REPAIR_INTERVAL, shutdown.wait(), cleanup).await?)
     })
 }
 
@@ -282,18 +309,13 @@ fn run(cluster_dir: Option<PathBuf>) -> ExitCode {
 }
 
 /// Runs `work` on a single-threaded runtime; its error is logged and fails the process.
-fn block_on(work: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+fn block_on(work: impl std::future::Future<Output = Result<(), MainError>>) -> ExitCode {
+    let result = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            error!(error = %e, "cannot start the async runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(work) {
+        .map_err(MainError::Runtime)
+        .and_then(|runtime| runtime.block_on(work));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e}");
@@ -303,42 +325,38 @@ fn block_on(work: impl std::future::Future<Output = Result<(), String>>) -> Exit
 }
 
 /// The capture chosen by `REDIRECTION_MODE`, with the node's probe SNAT kept in step.
-fn redirector(config: &Config) -> Result<Arc<dyn Redirector>, String> {
+fn redirector(config: &Config) -> Result<Arc<dyn Redirector>, MainError> {
     let inner: Arc<dyn Redirector> = match config.redirection {
         RedirectionMode::Nftables => Arc::new(NftablesRedirector::new()),
         RedirectionMode::Ebpf => ebpf_redirector()?,
     };
     let probes = HostProbeSnat::new(HostProbeConfig::default());
-    let with_probes = WithProbeSnat::new(inner, probes)
-        .map_err(|e| format!("cannot install the host probe SNAT rules: {e}"))?;
+    let with_probes = WithProbeSnat::new(inner, probes).map_err(MainError::ProbeSnat)?;
     tracing::info!(mode = with_probes.name(), "pod capture");
     Ok(Arc::new(with_probes))
 }
 
 #[cfg(feature = "ebpf")]
-fn ebpf_redirector() -> Result<Arc<dyn Redirector>, String> {
+fn ebpf_redirector() -> Result<Arc<dyn Redirector>, MainError> {
     cni_node::redirect::ebpf::EbpfRedirector::new()
         .map(|r| Arc::new(r) as Arc<dyn Redirector>)
-        .map_err(|e| format!("cannot load the eBPF capture programs: {e}"))
+        .map_err(MainError::Ebpf)
 }
 
 #[cfg(not(feature = "ebpf"))]
-fn ebpf_redirector() -> Result<Arc<dyn Redirector>, String> {
-    Err("REDIRECTION_MODE=ebpf, but this cni-node was built without the ebpf feature".into())
+fn ebpf_redirector() -> Result<Arc<dyn Redirector>, MainError> {
+    Err(MainError::EbpfNotBuilt)
 }
 
-async fn serve(config: Config) -> Result<(), String> {
-    let shutdown = mesh_runtime::signal::on_signals()
-        .map_err(|e| format!("cannot install signal handlers: {e}"))?;
+async fn serve(config: Config) -> Result<(), MainError> {
+    let shutdown = mesh_runtime::signal::on_signals().map_err(MainError::Signals)?;
     let redirector = redirector(&config)?;
-    let zds = ZdsServer::bind(&config.zds_socket).map_err(|e| e.to_string())?;
+    let zds = ZdsServer::bind(&config.zds_socket)?;
     let mut options = AgentOptions::from_config(&config);
     let source: Box<dyn ClusterSource> = match &config.cluster_config_dir {
         Some(dir) => Box::new(DirectorySource::new(dir, DirectoryOptions::default())),
         None => {
-            let client = mesh_kube::client(config.kubeconfig.as_deref())
-                .await
-                .map_err(|e| e.to_string())?;
+            let client = mesh_kube::client(config.kubeconfig.as_deref()).await?;
             options.annotator = Some(PodAnnotator::spawn(client.clone()));
             Box::new(KubeSource::new(
                 client,
@@ -348,23 +366,21 @@ async fn serve(config: Config) -> Result<(), String> {
     };
     let agent = Agent::new(options, redirector, zds.handle());
     // Before ztunnel can be accepted: recorded pods must be in its first snapshot.
-    agent.restore().await.map_err(|e| e.to_string())?;
+    agent.restore().await?;
 
     let (tx, events) = tokio::sync::mpsc::channel(1024);
     tokio::spawn(source.run(tx));
     let zds_task = tokio::spawn(zds.run(shutdown.clone().wait()));
 
-    let listener = event::bind(&config.plugin_event_socket).map_err(|e| e.to_string())?;
+    let listener = event::bind(&config.plugin_event_socket)?;
     let handler: Arc<dyn CniAddHandler> = Arc::new(agent.clone());
     let plugin_task = tokio::spawn(event::serve(listener, handler, shutdown.clone().wait()));
 
     let probes = tokio::net::TcpListener::bind(config.readiness_addr)
         .await
-        .map_err(|e| {
-            format!(
-                "cannot listen on {} for /readyz: {e}; is another agent running?",
-                config.readiness_addr
-            )
+        .map_err(|source| MainError::Readiness {
+            addr: config.readiness_addr,
+            source,
         })?;
     tokio::spawn(serve_probes(probes, agent.ready(), shutdown.clone().wait()));
 
