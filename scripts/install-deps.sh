@@ -52,4 +52,15 @@ fi
 for c in rustfmt clippy; do
   rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
 done
+
+# cargo-deny (licences, bans and sources of the dependency tree), built from crates.io into a
+# directory of its own; its build directory is temporary, not the project's target.
+# scripts/env.sh puts $TOOLS_DIR/bin on PATH.
+CARGO_DENY_VERSION=0.20.2
+TOOLS_DIR=/opt/mesh-deps/tools
+if ! "$TOOLS_DIR/bin/cargo-deny" --version 2>/dev/null | grep -qF " $CARGO_DENY_VERSION"; then
+  say "installing cargo-deny $CARGO_DENY_VERSION into $TOOLS_DIR (a few minutes, once)"
+  env -u CARGO_TARGET_DIR cargo install --quiet --locked --force --root "$TOOLS_DIR" \
+    "cargo-deny@$CARGO_DENY_VERSION"
+fi
 say "dependencies present ($(cargo --version))"

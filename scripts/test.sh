@@ -16,6 +16,12 @@ cargo fmt --all -- --check
 step "cargo clippy (deny warnings)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "cargo clippy without default features (no eBPF), so those paths build and stay clean"
+cargo clippy --workspace --all-targets --locked --no-default-features -- -D warnings
+
+step "cargo deny (licences, bans, sources)"
+cargo deny --locked check licenses bans sources
+
 step "cargo build --bins (the e2e tests run the binaries as processes)"
 cargo build --workspace --bins --locked
 
