@@ -155,7 +155,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run(args.cluster_config_dir),
         Command::Status(args) => {
             let state_dir = args.state_dir.unwrap_or_else(|| {
-                env_non_empty(AGENT_STATE_DIR)
+                std::env::var_os(AGENT_STATE_DIR)
+                    .filter(|v| !v.is_empty())
                     .map_or_else(|| PathBuf::from(DEFAULT_STATE_DIR), PathBuf::from)
             });
             status(&state_dir, args.output == Output::Json)

@@ -69,6 +69,12 @@ pub enum RedirectError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot enter the network namespace {path} (setns: {source}); the agent needs CAP_SYS_ADMIN")]
+    Setns {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot start a thread to enter the network namespace {path}: {source}; is the agent out of threads or memory?")]
     Thread {
         path: PathBuf,
@@ -90,6 +96,7 @@ impl RedirectError {
             RedirectError::Netns { .. } => "netns",
             RedirectError::Netlink { .. } => "netlink",
             RedirectError::NotNetns { .. } => "not_netns",
+            RedirectError::Setns { .. } => "setns",
             RedirectError::Thread { .. } => "thread",
             RedirectError::Nftables { .. } => "nftables",
         }

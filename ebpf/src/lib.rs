@@ -6,16 +6,16 @@
 //! - **Inbound** (`capture_in`, clsact ingress on every pod interface): a TCP packet to the pod
 //!   that no socket of the netns owns yet (destination port not 15008, source not the probe
 //!   address 169.254.7.127, not marked 0x539) is `bpf_sk_assign`ed to the listener on
-//!   [`INBOUND_CAPTURE_PORT`](mesh_capture::INBOUND_CAPTURE_PORT). Established connections, request sockets and the app's own
+//!   [`INBOUND_CAPTURE_PORT`]. Established connections, request sockets and the app's own
 //!   connections are found with `bpf_skc_lookup_tcp` and left alone.
 //! - **Outbound** (`capture_out`, clsact egress on every pod interface): the SYN of a new
-//!   connection from a socket without [`PROXY_MARK`](mesh_capture::PROXY_MARK), and every later packet of a connection
+//!   connection from a socket without [`PROXY_MARK`], and every later packet of a connection
 //!   that ztunnel accepted that way (found by looking the packet up as if it were received), is
-//!   marked [`CAPTURE_MARK`](mesh_capture::CAPTURE_MARK) and redirected into `lo`'s ingress. The policy rule
-//!   `iif lo fwmark 0x111/0xfff lookup 101` (pref [`EBPF_RULE_PREF`](mesh_capture::EBPF_RULE_PREF)) and the route
+//!   marked [`CAPTURE_MARK`] and redirected into `lo`'s ingress. The policy rule
+//!   `iif lo fwmark 0x111/0xfff lookup 101` (pref [`EBPF_RULE_PREF`]) and the route
 //!   `local 0.0.0.0/0 dev lo table 101` deliver it locally (`net.ipv4.conf.lo.accept_local=1`
 //!   lets its pod source address in), and `capture_lo` (clsact ingress on `lo`) assigns new
-//!   connections to the listener on [`OUTBOUND_CAPTURE_PORT`](mesh_capture::OUTBOUND_CAPTURE_PORT).
+//!   connections to the listener on [`OUTBOUND_CAPTURE_PORT`].
 //! - Only traffic that goes out of a pod interface is routed through ztunnel: local traffic
 //!   (to the pod's own IPs, loopback) and replies of connections ztunnel did not accept keep
 //!   their normal path, as with the nftables rules.
@@ -26,12 +26,19 @@
 //! No NAT happens: the accepted socket's **local address is the original destination**, and
 //! `SO_ORIGINAL_DST` fails (`ENOENT`, no conntrack entry). The outbound listener must have
 //! `IP_TRANSPARENT` (its accepted sockets answer from a non-local address), like every socket
-//! ztunnel marks [`PROXY_MARK`](mesh_capture::PROXY_MARK). IPv4 only for now; pod interfaces must be Ethernet-like (veth).
+//! ztunnel marks [`PROXY_MARK`]. IPv4 only for now; pod interfaces must be Ethernet-like (veth).
 //!
 //! # Pieces
 //! [`Capture`] loads the programs once ([`Capture::new`]) and enrolls pods by netns path; it
-//! talks rtnetlink itself (clsact qdiscs, `bpf` filters at priority [`TC_FILTER_PRIORITY`](mesh_capture::TC_FILTER_PRIORITY) handle
+//! talks rtnetlink itself (clsact qdiscs, `bpf` filters at priority [`TC_FILTER_PRIORITY`] handle
 //! 1 named [`FILTER_NAMES`], rule, route) from a thread inside the pod's namespace.
+//!
+//! [`CAPTURE_MARK`]: mesh_capture::CAPTURE_MARK
+//! [`EBPF_RULE_PREF`]: mesh_capture::EBPF_RULE_PREF
+//! [`INBOUND_CAPTURE_PORT`]: mesh_capture::INBOUND_CAPTURE_PORT
+//! [`OUTBOUND_CAPTURE_PORT`]: mesh_capture::OUTBOUND_CAPTURE_PORT
+//! [`PROXY_MARK`]: mesh_capture::PROXY_MARK
+//! [`TC_FILTER_PRIORITY`]: mesh_capture::TC_FILTER_PRIORITY
 
 mod capture;
 mod netlink;

@@ -9,7 +9,7 @@ use mesh_api::{StatusCondition, HBONE_PROTOCOL};
 use crate::render::Names;
 
 /// The port of a waypoint's mesh (HBONE) listener.
-use mesh_capture::HBONE_PORT;
+const HBONE_PORT: u16 = mesh_capture::HBONE_PORT;
 
 /// What the controller saw of the objects made for one Gateway.
 #[derive(Debug, Default)]

@@ -464,7 +464,7 @@ impl Config {
             .parse(PROXY_MODE, "a proxy mode (shared or dedicated)")
             .unwrap_or_default();
         let packet_mark = v
-            .parse::<u32>(PACKET_MARK, "a 32-bit mark such as 1337")
+            .parse::<u32>(PACKET_MARK, "a 32-bit mark, in decimal")
             .or((proxy_mode == ProxyMode::Shared).then_some(DEFAULT_INPOD_MARK));
         let root_cert = PathBuf::from(DEFAULT_ROOT_CERT);
         Config {

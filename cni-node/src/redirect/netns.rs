@@ -35,6 +35,7 @@ impl From<EnterError> for RedirectError {
         match error {
             EnterError::Open { path, source } => RedirectError::Netns { path, source },
             EnterError::NotNetns { path, source } => RedirectError::NotNetns { path, source },
+            EnterError::Setns { path, source } => RedirectError::Setns { path, source },
             EnterError::Thread { path, source } => RedirectError::Thread { path, source },
         }
     }

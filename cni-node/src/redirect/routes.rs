@@ -103,7 +103,7 @@ pub(super) fn install(families: &[Family]) -> Result<(), (&'static str, io::Erro
             libc::RT_SCOPE_HOST,
             lo,
         );
-        request(&mut socket, route, &[]).map_err(|e| ("add the table 100 route", e))?;
+        request(&mut socket, route, &[]).map_err(|e| ("add the capture table's local route", e))?;
     }
     Ok(())
 }
@@ -129,7 +129,8 @@ pub(super) fn remove(families: &[Family]) -> Result<(), (&'static str, io::Error
         let nowhere = libc::RT_SCOPE_NOWHERE;
         let route = route_msg(libc::RTM_DELROUTE, REQUEST, family, 0, nowhere, lo);
         let ok = [Errno::ESRCH, Errno::ENOENT, Errno::EAFNOSUPPORT];
-        request(&mut socket, route, &ok).map_err(|e| ("delete the table 100 route", e))?;
+        request(&mut socket, route, &ok)
+            .map_err(|e| ("delete the capture table's local route", e))?;
     }
     Ok(())
 }

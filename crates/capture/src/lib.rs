@@ -4,7 +4,8 @@
 //! pod's network namespace.
 //!
 //! Nothing outside this crate spells these numbers: `tests/single_home.rs` greps the
-//! workspace for them.
+//! workspace's code for the distinctive ones (the ports, marks, mask, rule preferences and
+//! the probe address).
 
 pub mod contract;
 pub mod netns;

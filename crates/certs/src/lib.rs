@@ -26,7 +26,7 @@ pub use manager::{
     CertDump, CertDumpEntry, CertManager, CertManagerOptions, DEFAULT_INITIAL_BACKOFF,
     DEFAULT_MAX_BACKOFF, DEFAULT_PREFETCH_CONCURRENCY,
 };
-pub use x509::{cert_info, rfc3339, CertInfo};
+pub use x509::{cert_info, rfc3339, CertInfo, CertParseError};
 
 /// Errors obtaining a workload certificate.
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +102,7 @@ pub struct WorkloadCert {
     pub key: String,
     /// The same chain and key parsed for rustls.
     pub cert_key: CertKey,
-    /// The leaf's serial number (hex).
+    /// The leaf's serial number (decimal).
     pub serial: String,
     pub not_before: SystemTime,
     pub not_after: SystemTime,

@@ -364,7 +364,7 @@ pub struct CertDump {
     pub state: String,
     /// The leaf first, then intermediates; empty unless `Available`.
     pub cert_chain: Vec<CertDumpEntry>,
-    /// The roots the CA sent with the chain (the self-issued certificates after the leaf).
+    /// The roots: the last element of the CA's response.
     pub root_certs: Vec<CertDumpEntry>,
 }
 
@@ -382,16 +382,19 @@ pub struct CertDumpEntry {
 }
 
 impl CertDump {
+    /// A certificate that is still valid is `Available` even when its last refresh failed:
+    /// it is what connections use (as upstream, which keeps serving it).
     fn new(identity: &Identity, slot: &Slot) -> CertDump {
-        let state = match (&slot.cert, &slot.last_error) {
-            (_, Some(error)) => format!("Unavailable: {error}"),
-            (Some(_), None) => "Available".to_string(),
+        let usable = slot
+            .cert
+            .as_ref()
+            .filter(|cert| cert.is_valid_at(SystemTime::now()));
+        let state = match (usable, &slot.last_error) {
+            (Some(_), _) => "Available".to_string(),
+            (None, Some(error)) => format!("Unavailable: {error}"),
             (None, None) => "Initializing".to_string(),
         };
-        let (cert_chain, root_certs) = match &slot.cert {
-            Some(cert) if slot.last_error.is_none() => dump_chain(cert),
-            _ => (Vec::new(), Vec::new()),
-        };
+        let (cert_chain, root_certs) = usable.map(|cert| dump_chain(cert)).unwrap_or_default();
         CertDump {
             identity: identity.to_string(),
             state,
@@ -401,33 +404,30 @@ impl CertDump {
     }
 }
 
-/// The chain split as upstream shows it: leaf and intermediates, then the roots.
+/// The chain split as upstream shows it: the CA response's last element holds the roots,
+/// everything before it the leaf and the intermediates.
 fn dump_chain(cert: &WorkloadCert) -> (Vec<CertDumpEntry>, Vec<CertDumpEntry>) {
-    let entries: Vec<(CertDumpEntry, bool)> = cert
-        .chain
-        .iter()
-        .flat_map(|pem| pem_blocks(pem))
-        .filter_map(|pem| {
-            let der = parse_certs(&pem, "certificate").ok()?.into_iter().next()?;
-            let info = cert_info(der.as_ref()).ok()?;
-            let entry = CertDumpEntry {
-                pem: BASE64_STANDARD.encode(pem.as_bytes()),
-                serial_number: info.serial,
-                valid_from: rfc3339(info.not_before),
-                expiration_time: rfc3339(info.not_after),
-            };
-            Some((entry, info.self_issued))
-        })
-        .collect();
-    let roots_from = entries
-        .iter()
-        .enumerate()
-        .skip(1)
-        .find(|(_, (_, self_issued))| *self_issued)
-        .map_or(entries.len(), |(i, _)| i);
-    let mut chain: Vec<CertDumpEntry> = entries.into_iter().map(|(entry, _)| entry).collect();
-    let roots = chain.split_off(roots_from);
-    (chain, roots)
+    let entries = |pems: &[String]| -> Vec<CertDumpEntry> {
+        pems.iter()
+            .flat_map(|pem| pem_blocks(pem))
+            .filter_map(|pem| {
+                let der = parse_certs(&pem, "certificate").ok()?.into_iter().next()?;
+                let info = cert_info(der.as_ref()).ok()?;
+                Some(CertDumpEntry {
+                    pem: BASE64_STANDARD.encode(pem.as_bytes()),
+                    serial_number: info.serial,
+                    valid_from: rfc3339(info.not_before),
+                    expiration_time: rfc3339(info.not_after),
+                })
+            })
+            .collect()
+    };
+    match cert.chain.split_last() {
+        Some((roots, chain)) if !chain.is_empty() => {
+            (entries(chain), entries(std::slice::from_ref(roots)))
+        }
+        _ => (entries(&cert.chain), Vec::new()),
+    }
 }
 
 /// The `BEGIN CERTIFICATE` .. `END CERTIFICATE` blocks of a PEM text.

@@ -13,24 +13,29 @@ pub struct CertInfo {
     pub serial: String,
     pub not_before: SystemTime,
     pub not_after: SystemTime,
-    /// Issuer and subject are the same name: a root (or a self-signed leaf).
-    pub self_issued: bool,
 }
 
-/// Reads the serial number, validity and issuer of a DER certificate; `Err` says what was
-/// malformed.
-pub fn cert_info(der: &[u8]) -> Result<CertInfo, String> {
+/// Why a certificate's fields could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CertParseError {
+    #[error("not an X.509 certificate: {0}")]
+    NotX509(String),
+    #[error("{0} bytes after the certificate")]
+    TrailingBytes(usize),
+}
+
+/// Reads the serial number and validity of a DER certificate.
+pub fn cert_info(der: &[u8]) -> Result<CertInfo, CertParseError> {
     let (rest, cert) =
-        X509Certificate::from_der(der).map_err(|e| format!("not an X.509 certificate: {e}"))?;
+        X509Certificate::from_der(der).map_err(|e| CertParseError::NotX509(e.to_string()))?;
     if !rest.is_empty() {
-        return Err(format!("{} bytes after the certificate", rest.len()));
+        return Err(CertParseError::TrailingBytes(rest.len()));
     }
     let validity = cert.validity();
     Ok(CertInfo {
         serial: cert.tbs_certificate.serial.to_string(),
         not_before: from_unix(validity.not_before.timestamp()),
         not_after: from_unix(validity.not_after.timestamp()),
-        self_issued: cert.subject().as_raw() == cert.issuer().as_raw(),
     })
 }
 
@@ -43,9 +48,19 @@ fn from_unix(secs: i64) -> SystemTime {
     }
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` (whole seconds, UTC), as upstream ztunnel's `/config_dump`.
+/// `YYYY-MM-DDTHH:MM:SSZ` (whole seconds, UTC), as upstream ztunnel's `/config_dump`; years
+/// before 1970 and after 9999 are written too (a certificate may carry them).
 pub fn rfc3339(time: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(time).to_string()
+    let t = time::OffsetDateTime::from(time);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
 }
 
 #[cfg(test)]
@@ -87,11 +102,9 @@ mod tests {
         assert_eq!(info.serial, "256");
         assert_eq!(rfc3339(info.not_before), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(info.not_after), "2000-02-29T01:01:01Z");
-        assert!(!info.self_issued);
         let root = cert(&[0x7f; 16], 0, true);
         let info = cert_info(&root).expect("root");
         assert_eq!(info.serial, u128::from_be_bytes([0x7f; 16]).to_string());
-        assert!(info.self_issued);
         assert_eq!(rfc3339(info.not_before), "1970-01-01T00:00:00Z");
     }
 
@@ -99,15 +112,21 @@ mod tests {
     fn malformed_certificates_say_what_is_wrong() {
         assert!(cert_info(&[0x30, 0x05, 0x30])
             .unwrap_err()
+            .to_string()
             .contains("not an X.509"));
         let mut der = cert(&[1], 0, true);
         der.push(0);
-        assert!(cert_info(&der).unwrap_err().contains("1 bytes after"));
+        assert!(cert_info(&der)
+            .unwrap_err()
+            .to_string()
+            .contains("1 bytes after"));
     }
 
     #[test]
     fn times_before_1970_are_kept() {
         assert_eq!(rfc3339(from_unix(0)), "1970-01-01T00:00:00Z");
         assert!(from_unix(-1) < UNIX_EPOCH);
+        assert_eq!(rfc3339(from_unix(-1)), "1969-12-31T23:59:59Z");
+        assert_eq!(rfc3339(from_unix(-631_152_000)), "1950-01-01T00:00:00Z");
     }
 }

@@ -121,7 +121,7 @@ pub enum NetnsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{0}; netns tests need root (CAP_SYS_ADMIN)")]
+    #[error(transparent)]
     Enter(#[from] mesh_capture::netns::EnterError),
     #[error("{op} {addr} in netns {netns} failed: {source}; is the address on an interface there and the port free?")]
     Socket {
