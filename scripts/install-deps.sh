@@ -63,4 +63,12 @@ if ! "$TOOLS_DIR/bin/cargo-deny" --version 2>/dev/null | grep -qF " $CARGO_DENY_
   env -u CARGO_TARGET_DIR cargo install --quiet --locked --force --root "$TOOLS_DIR" \
     "cargo-deny@$CARGO_DENY_VERSION"
 fi
+# cargo-fuzz (the fuzz targets in fuzz/, scripts/fuzz.sh): libFuzzer's C++ is built by the
+# libfuzzer-sys crate with the system compiler.
+CARGO_FUZZ_VERSION=0.13.2
+if ! "$TOOLS_DIR/bin/cargo-fuzz" --version 2>/dev/null | grep -qF " $CARGO_FUZZ_VERSION"; then
+  say "installing cargo-fuzz $CARGO_FUZZ_VERSION into $TOOLS_DIR"
+  env -u CARGO_TARGET_DIR cargo install --quiet --locked --force --root "$TOOLS_DIR" \
+    "cargo-fuzz@$CARGO_FUZZ_VERSION"
+fi
 say "dependencies present ($(cargo --version))"

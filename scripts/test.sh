@@ -28,6 +28,18 @@ cargo build --workspace --bins --locked
 step "cargo test"
 cargo test --workspace --locked --no-fail-fast 2>&1 | tee "$CARGO_TARGET_DIR/test-output.txt"
 
+step "fuzz: every target for ${FUZZ_SECONDS:-10}s (./scripts/fuzz.sh runs them longer)"
+set +e
+"$REPO_ROOT/scripts/fuzz.sh" "${FUZZ_SECONDS:-10}" > "$CARGO_TARGET_DIR/fuzz-output.txt" 2>&1
+fuzz_status=$?
+set -e
+grep -E '^==> fuzz|stat::number_of_executed_units|deadly signal|panicked|ERROR' "$CARGO_TARGET_DIR/fuzz-output.txt" || true
+if [ "$fuzz_status" -ne 0 ]; then
+  tail -40 "$CARGO_TARGET_DIR/fuzz-output.txt" >&2
+  echo "fuzz: a target crashed; its input is in fuzz/artifacts/ (full log: $CARGO_TARGET_DIR/fuzz-output.txt)" >&2
+  exit 1
+fi
+
 passed=$(grep -Eo 'test result: [a-zA-Z]+\. [0-9]+ passed' "$CARGO_TARGET_DIR/test-output.txt" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed' "$CARGO_TARGET_DIR/test-output.txt" | awk '{s+=$1} END {print s+0}')
 step "done in $(( $(date +%s) - start ))s"

@@ -40,7 +40,7 @@ use crate::state::{SharedState, State};
 
 mod forward;
 pub mod lookup;
-mod message;
+pub mod message;
 pub mod metrics;
 
 pub use forward::{Resolvers, RESOLV_CONF};

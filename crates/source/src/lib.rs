@@ -79,6 +79,21 @@ pub trait ClusterSource: Send + 'static {
     fn run(self: Box<Self>, tx: tokio::sync::mpsc::Sender<SourceEvent>) -> SourceFuture;
 }
 
+/// Parses one manifest file's text (YAML documents, or JSON) as the directory source does:
+/// the objects it holds and an error for every document that is not a valid object (`path`
+/// only names the file in errors).
+pub fn parse_manifest(path: &Path, text: &str) -> (Vec<Arc<Object>>, Vec<SourceError>) {
+    let parsed = parse::parse_file(path, text);
+    (
+        parsed
+            .objects
+            .into_iter()
+            .map(|loaded| loaded.object)
+            .collect(),
+        parsed.errors,
+    )
+}
+
 /// Reads every manifest under `path` once, synchronously (for `istioctl analyze`, tests and
 /// benchmarks). Returns the objects with their files, in path and then line order, and every
 /// problem found; the rules are the watcher's (a key defined twice keeps the first file's
