@@ -1,7 +1,8 @@
 # Sourced by the scripts: one place for paths shared by build, test and demo.
 # shellcheck shell=bash
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-# Tools install-deps.sh builds (cargo-deny) live in /opt/mesh-deps/tools/bin.
+# Tools `install-deps.sh --dev-tools` builds (cargo-deny, cargo-fuzz) live in
+# /opt/mesh-deps/tools/bin.
 export PATH="$HOME/.cargo/bin:/opt/mesh-deps/tools/bin:$PATH"
 # Keep build output outside the clone when the caller asks (CI does, for incremental reruns).
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"

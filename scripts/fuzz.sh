@@ -16,10 +16,7 @@ seconds=60
 if [[ "${1:-}" =~ ^[0-9]+$ ]]; then seconds=$1; shift; fi
 if [ $# -gt 0 ]; then selected=("$@"); else mapfile -t selected < <(targets); fi
 
-command -v cargo-fuzz >/dev/null || {
-  echo "fuzz: cargo-fuzz is missing; run ./scripts/install-deps.sh" >&2
-  exit 1
-}
+"$REPO_ROOT/scripts/install-deps.sh" --dev-tools
 # No sanitizer: -Zsanitizer needs a nightly compiler; libFuzzer's coverage and Rust's panics
 # (debug assertions and overflow checks on) still find the crashes. Light optimisation and
 # parallel codegen: the targets build in minutes on two cores and still run thousands of

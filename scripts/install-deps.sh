@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs every system dependency of the project on Debian 12 (run as root). Idempotent: it
 # only calls apt-get when a package is missing, so reruns are fast and need no network.
+# Usage: ./scripts/install-deps.sh [--dev-tools]
+#   --dev-tools  also build the test suite's tools (cargo-deny, cargo-fuzz; minutes, once);
+#                scripts/test.sh and scripts/fuzz.sh pass it, the demo does not need them.
 set -euo pipefail
 
 APT_PACKAGES=(
@@ -52,6 +55,11 @@ fi
 for c in rustfmt clippy; do
   rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
 done
+
+if [ "${1:-}" != --dev-tools ]; then
+  say "dependencies present ($(cargo --version))"
+  exit 0
+fi
 
 # cargo-deny (licences, bans and sources of the dependency tree), built from crates.io into a
 # directory of its own; its build directory is temporary, not the project's target.

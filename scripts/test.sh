@@ -5,7 +5,7 @@ set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$REPO_ROOT"
 
-"$REPO_ROOT/scripts/install-deps.sh"
+"$REPO_ROOT/scripts/install-deps.sh" --dev-tools
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 start=$(date +%s)
