@@ -21,6 +21,11 @@ ENVOY_DIR=/opt/mesh-deps/envoy-$ENVOY_VERSION
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
+case "${1:-}" in
+  ""|--dev-tools) ;;
+  *) echo "install-deps: unknown argument ${1}; usage: $0 [--dev-tools]" >&2; exit 2 ;;
+esac
+
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-deps: run as root (for example: sudo $0); it installs Debian packages." >&2
   exit 1

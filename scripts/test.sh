@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit/component/integration tests.
+# The whole test suite: formatting, lints (also without default features), cargo deny,
+# unit/component/integration/e2e tests and a short run of every fuzz target.
 # Usage (as root on Debian 12): ./scripts/test.sh
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
@@ -36,7 +37,11 @@ set -e
 grep -E '^==> fuzz|stat::number_of_executed_units|deadly signal|panicked|ERROR' "$CARGO_TARGET_DIR/fuzz-output.txt" || true
 if [ "$fuzz_status" -ne 0 ]; then
   tail -40 "$CARGO_TARGET_DIR/fuzz-output.txt" >&2
-  echo "fuzz: a target crashed; its input is in fuzz/artifacts/ (full log: $CARGO_TARGET_DIR/fuzz-output.txt)" >&2
+  if [ "$fuzz_status" -eq 2 ]; then
+    echo "fuzz: a target crashed; its input is in fuzz/artifacts/ (full log: $CARGO_TARGET_DIR/fuzz-output.txt)" >&2
+  else
+    echo "fuzz: the fuzz step failed before fuzzing (full log: $CARGO_TARGET_DIR/fuzz-output.txt)" >&2
+  fi
   exit 1
 fi
 

@@ -47,6 +47,12 @@ fn every_seed_and_past_crash_runs_clean() {
 #[test]
 fn every_target_has_a_libfuzzer_binary_and_seeds() {
     let manifest = fs::read_to_string(fuzz_dir().join("Cargo.toml")).expect("fuzz/Cargo.toml");
+    let bins = manifest.matches("[[bin]]").count();
+    assert_eq!(
+        bins,
+        mesh_fuzz::TARGETS.len(),
+        "a [[bin]] without a mesh_fuzz target, or the reverse"
+    );
     for (name, _) in mesh_fuzz::TARGETS {
         assert!(
             manifest.contains(&format!("name = \"{name}\"")),
