@@ -6,8 +6,7 @@ use std::fmt::Write;
 
 use mesh_capture::{
     CAPTURE_MARK, DNS_CAPTURE_PORT, HBONE_PORT, INBOUND_CAPTURE_PORT, MARK_MASK, NFT_ROUTE_TABLE,
-    NFT_RULE_PREF, OUTBOUND_CAPTURE_PORT, POD_TABLES as TABLES, PROBE_SNAT_IPV4 as PROBE_SNAT_IP,
-    PROXY_MARK,
+    NFT_RULE_PREF, OUTBOUND_CAPTURE_PORT, POD_TABLES, PROBE_SNAT_IPV4, PROXY_MARK,
 };
 
 use super::{cmd, Netns, NetnsError};
@@ -27,17 +26,23 @@ const OUT: &str = "istio-output";
 /// The `nft -f` script of the in-pod rules: re-running it replaces the previous rules.
 pub fn redirect_rules_script(options: RedirectOptions) -> String {
     let mut s = String::new();
-    table(&mut s, TABLES[0], ("nat", "nat"), -100, &nat_rules(options));
     table(
         &mut s,
-        TABLES[1],
+        POD_TABLES[0],
+        ("nat", "nat"),
+        -100,
+        &nat_rules(options),
+    );
+    table(
+        &mut s,
+        POD_TABLES[1],
         ("filter", "route"),
         -150,
         &mangle_rules(),
     );
     table(
         &mut s,
-        TABLES[2],
+        POD_TABLES[2],
         ("filter", "filter"),
         -300,
         &raw_rules(options),
@@ -54,8 +59,8 @@ fn nat_rules(options: RedirectOptions) -> Vec<(&'static str, String)> {
     let (mark, proxy) = (mark(), format!("{PROXY_MARK:#x}"));
     let not_local = "ip daddr != 127.0.0.1/32";
     let mut rules = vec![
-        (PRE, format!("meta l4proto tcp ip saddr {PROBE_SNAT_IP} counter accept")),
-        (OUT, format!("meta l4proto tcp ip daddr {PROBE_SNAT_IP} counter accept")),
+        (PRE, format!("meta l4proto tcp ip saddr {PROBE_SNAT_IPV4} counter accept")),
+        (OUT, format!("meta l4proto tcp ip daddr {PROBE_SNAT_IPV4} counter accept")),
         (PRE, format!("{not_local} tcp dport != {HBONE_PORT} {mark} != {proxy} counter redirect to :{INBOUND_CAPTURE_PORT}")),
     ];
     if options.dns_capture {
@@ -156,7 +161,7 @@ pub fn pod_redirect_rules(
 pub fn remove_redirect_rules(pod: impl AsRef<Netns>) -> Result<(), NetnsError> {
     let pod = pod.as_ref();
     let mut script = String::new();
-    for table in TABLES {
+    for table in POD_TABLES {
         // `add` first so that `delete` cannot fail on a missing table.
         let _ = writeln!(script, "add table inet {table}");
         let _ = writeln!(script, "delete table inet {table}");
