@@ -9,5 +9,9 @@
 
 pub mod contract;
 pub mod netns;
+#[cfg(feature = "rtnl")]
+pub mod routing;
+#[cfg(feature = "rtnl")]
+pub mod rtnl;
 
 pub use contract::*;

@@ -1,0 +1,311 @@
+//! A small synchronous rtnetlink client on `netlink-packet-route`: requests with an ack and
+//! dumps, in the calling thread's network namespace (open it inside [`crate::netns::run_in`]).
+//!
+//! Synchronous on purpose: the node layer programs a pod from a thread that entered the pod's
+//! namespace, and the kernel answers rtnetlink requests while we are inside `send(2)`.
+
+use std::io;
+
+use netlink_packet_core::{
+    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP,
+    NLM_F_MULTIPART, NLM_F_REQUEST,
+};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
+use nix::errno::Errno;
+use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::{TimeVal, TimeValLike};
+
+pub use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
+
+/// How long an answer may take before we give up (the kernel answers at once).
+const RECV_TIMEOUT_SECS: i64 = 10;
+/// Larger than any datagram the kernel sends for a dump (it fills about a page per datagram).
+const RECV_BUFFER: usize = 64 * 1024;
+
+/// What went wrong talking rtnetlink; `operation` says what we were doing.
+#[derive(Debug, thiserror::Error)]
+pub enum RtnlError {
+    #[error("cannot open a NETLINK_ROUTE socket: {0}")]
+    Open(#[source] io::Error),
+    #[error("{operation}: the kernel refused it: {source}")]
+    Refused {
+        operation: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{operation}: {source}")]
+    Io {
+        operation: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{operation}: unreadable netlink answer: {reason}")]
+    Malformed {
+        operation: &'static str,
+        reason: String,
+    },
+}
+
+impl RtnlError {
+    /// The errno the kernel answered with, for a refused request.
+    pub fn errno(&self) -> Option<Errno> {
+        match self {
+            RtnlError::Refused { source, .. } => source.raw_os_error().map(Errno::from_raw),
+            _ => None,
+        }
+    }
+
+    /// Whether the kernel refused because the object is absent (`ENOENT`, `ESRCH`).
+    pub fn is_absent(&self) -> bool {
+        matches!(self.errno(), Some(Errno::ENOENT | Errno::ESRCH))
+    }
+
+    /// Whether the kernel refused because the object exists (`EEXIST`).
+    pub fn is_exists(&self) -> bool {
+        self.errno() == Some(Errno::EEXIST)
+    }
+
+    /// The error as an `io::Error` (for callers whose own error type holds one).
+    pub fn into_io(self) -> io::Error {
+        match self {
+            RtnlError::Open(source)
+            | RtnlError::Refused { source, .. }
+            | RtnlError::Io { source, .. } => source,
+            RtnlError::Malformed { .. } => io::Error::new(io::ErrorKind::InvalidData, self),
+        }
+    }
+}
+
+/// One message of a received datagram, decoded.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// A message of the request's family (a dump entry, an echo).
+    Message(RouteNetlinkMessage),
+    /// `NLMSG_ERROR` with code 0.
+    Ack,
+    /// `NLMSG_ERROR` with a negative errno.
+    Error(Errno),
+    /// `NLMSG_DONE`: the end of a dump.
+    Done,
+    /// `NLMSG_NOOP`, `NLMSG_OVERRUN`.
+    Other,
+}
+
+/// A decoded message with the header fields the client needs.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Received {
+    pub seq: u32,
+    pub multipart: bool,
+    pub answer: Answer,
+}
+
+/// Decodes every message of one datagram from the kernel. Anything that does not parse is an
+/// error naming the offset; nothing panics on hostile bytes.
+pub fn decode(datagram: &[u8]) -> Result<Vec<Received>, String> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset < datagram.len() {
+        let rest = &datagram[offset..];
+        let buffer = NetlinkBuffer::new_checked(rest)
+            .map_err(|error| format!("message at byte {offset}: {error}"))?;
+        let length = buffer.length() as usize;
+        let seq = buffer.sequence_number();
+        let multipart = buffer.flags() & NLM_F_MULTIPART != 0;
+        let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..length])
+            .map_err(|error| format!("message at byte {offset}: {error}"))?;
+        let answer = match message.payload {
+            NetlinkPayload::InnerMessage(inner) => Answer::Message(inner),
+            NetlinkPayload::Error(error) => match error.code {
+                None => Answer::Ack,
+                Some(code) => Answer::Error(Errno::from_raw(code.get().saturating_abs())),
+            },
+            NetlinkPayload::Done(_) => Answer::Done,
+            _ => Answer::Other,
+        };
+        out.push(Received {
+            seq,
+            multipart,
+            answer,
+        });
+        // Messages are 4-byte aligned within a datagram.
+        offset += length.div_ceil(4) * 4;
+    }
+    Ok(out)
+}
+
+/// A `NETLINK_ROUTE` socket in the namespace of the thread that opened it.
+pub struct Rtnl {
+    socket: Socket,
+    seq: u32,
+    buf: Vec<u8>,
+}
+
+impl std::fmt::Debug for Rtnl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rtnl").field("seq", &self.seq).finish()
+    }
+}
+
+impl Rtnl {
+    /// Opens a socket in the calling thread's network namespace.
+    pub fn open() -> Result<Rtnl, RtnlError> {
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(RtnlError::Open)?;
+        socket.bind_auto().map_err(RtnlError::Open)?;
+        // A lost answer must not hang enrollment forever.
+        setsockopt(
+            &socket,
+            sockopt::ReceiveTimeout,
+            &TimeVal::seconds(RECV_TIMEOUT_SECS),
+        )
+        .map_err(|errno| RtnlError::Open(errno.into()))?;
+        Ok(Rtnl {
+            socket,
+            seq: 0,
+            buf: vec![0; RECV_BUFFER],
+        })
+    }
+
+    /// Sends `message` with `flags` (`NLM_F_CREATE`, ...) and waits for the kernel's ack.
+    pub fn request(
+        &mut self,
+        operation: &'static str,
+        message: RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<(), RtnlError> {
+        self.exchange(operation, message, NLM_F_REQUEST | NLM_F_ACK | flags)
+            .map(drop)
+    }
+
+    /// Sends `message` as a dump request and returns every entry.
+    pub fn dump(
+        &mut self,
+        operation: &'static str,
+        message: RouteNetlinkMessage,
+    ) -> Result<Vec<RouteNetlinkMessage>, RtnlError> {
+        self.exchange(operation, message, NLM_F_REQUEST | NLM_F_DUMP)
+    }
+
+    fn exchange(
+        &mut self,
+        operation: &'static str,
+        message: RouteNetlinkMessage,
+        flags: u16,
+    ) -> Result<Vec<RouteNetlinkMessage>, RtnlError> {
+        self.seq = self.seq.wrapping_add(1);
+        let seq = self.seq;
+        let mut header = NetlinkHeader::default();
+        header.flags = flags;
+        header.sequence_number = seq;
+        let mut packet = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(message));
+        packet.finalize();
+        let mut bytes = vec![0; packet.buffer_len()];
+        packet.serialize(&mut bytes);
+        self.socket
+            .send(&bytes, 0)
+            .map_err(|source| RtnlError::Io { operation, source })?;
+        let mut entries = Vec::new();
+        loop {
+            let len = self
+                .socket
+                .recv(&mut &mut self.buf[..], 0)
+                .map_err(|source| RtnlError::Io { operation, source })?;
+            let datagram = self.buf.get(..len).unwrap_or(&self.buf);
+            let received = decode(datagram)
+                .map_err(|reason| RtnlError::Malformed { operation, reason })?;
+            for Received {
+                seq: msg_seq,
+                multipart,
+                answer,
+            } in received
+            {
+                if msg_seq != seq {
+                    continue; // a late answer to an earlier request
+                }
+                match answer {
+                    Answer::Ack | Answer::Done => return Ok(entries),
+                    Answer::Error(errno) => {
+                        return Err(RtnlError::Refused {
+                            operation,
+                            source: errno.into(),
+                        })
+                    }
+                    Answer::Message(entry) => {
+                        entries.push(entry);
+                        if !multipart && flags & NLM_F_ACK == 0 {
+                            return Ok(entries); // a single answer to a get
+                        }
+                    }
+                    Answer::Other => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use netlink_packet_core::{DoneMessage, ErrorMessage};
+    use netlink_packet_route::link::LinkMessage;
+    use std::num::NonZeroI32;
+
+    fn encode(seq: u32, flags: u16, payload: NetlinkPayload<RouteNetlinkMessage>) -> Vec<u8> {
+        let mut header = NetlinkHeader::default();
+        header.sequence_number = seq;
+        header.flags = flags;
+        let mut message = NetlinkMessage::new(header, payload);
+        message.finalize();
+        let mut bytes = vec![0; message.buffer_len()];
+        message.serialize(&mut bytes);
+        bytes
+    }
+
+    #[test]
+    fn decodes_a_dump_datagram_with_entries_and_done() {
+        let mut datagram = encode(
+            7,
+            NLM_F_MULTIPART,
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(LinkMessage::default())),
+        );
+        datagram.extend(encode(
+            7,
+            NLM_F_MULTIPART,
+            NetlinkPayload::Done(DoneMessage::default()),
+        ));
+        let received = decode(&datagram).expect("decodes");
+        assert_eq!(received.len(), 2);
+        assert!(received[0].multipart);
+        assert!(matches!(received[0].answer, Answer::Message(_)));
+        assert_eq!(received[1].answer, Answer::Done);
+    }
+
+    #[test]
+    fn decodes_acks_and_errors() {
+        let mut nack = ErrorMessage::default();
+        nack.code = NonZeroI32::new(-libc::EEXIST);
+        let received = decode(&encode(3, 0, NetlinkPayload::Error(nack))).expect("decodes");
+        assert_eq!(received[0].answer, Answer::Error(Errno::EEXIST));
+        let ack = ErrorMessage::default();
+        let received = decode(&encode(3, 0, NetlinkPayload::Error(ack))).expect("decodes");
+        assert_eq!(received[0].answer, Answer::Ack);
+    }
+
+    #[test]
+    fn truncated_and_oversized_lengths_are_errors_naming_the_offset() {
+        let datagram = encode(
+            1,
+            0,
+            NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(LinkMessage::default())),
+        );
+        let error = decode(&datagram[..datagram.len() - 3]).expect_err("truncated");
+        assert!(error.contains("byte 0"), "{error}");
+        let mut lying = datagram.clone();
+        lying[0..4].copy_from_slice(&u32::MAX.to_ne_bytes());
+        assert!(decode(&lying).is_err());
+        let mut two = datagram.clone();
+        two.extend_from_slice(&[1, 2, 3]);
+        let error = decode(&two).expect_err("trailing garbage");
+        assert!(error.contains(&format!("byte {}", datagram.len())), "{error}");
+    }
+}
