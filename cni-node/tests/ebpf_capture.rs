@@ -238,6 +238,11 @@ fn enroll_is_idempotent_and_unenroll_restores_direct_traffic() {
     let redirect = redirector();
     redirect.enroll(&pod).expect("enroll");
     redirect.enroll(&pod).expect("enroll again");
+    // An agent that restarted enrolls the pod again with programs of its own, then exits: its
+    // programs replace ours in the same filters, and the filters outlive it.
+    redirector()
+        .enroll(&pod)
+        .expect("enroll from a restarted agent");
     assert!(redirect.is_enrolled(&pod).expect("is_enrolled"));
     assert_eq!(
         count_filters(ns, a.iface(), "ingress", "mesh_capture_in"),
@@ -260,7 +265,7 @@ fn enroll_is_idempotent_and_unenroll_restores_direct_traffic() {
         "local default dev lo proto static scope host"
     );
 
-    // Still captured after the second enroll.
+    // Still captured after the re-enrollments, with the restarted agent's programs gone.
     let outbound = proxy_listener(ns, OUTBOUND);
     let _client = ns.tcp_connect(b.addr(80), TIMEOUT).expect("connect");
     assert!(accept(&outbound).is_some(), "captured after re-enroll");

@@ -2,13 +2,13 @@
 // ztunnel's in-pod listeners (outbound 15001, inbound plaintext 15006), the eBPF twin of
 // istio-cni's REDIRECT rules. The loader and the design notes are in ebpf/src/lib.rs.
 //
-// - capture_in  (clsact ingress, pod interfaces): a TCP packet to the pod that no socket of the
+// - mesh_capture_in  (clsact ingress, pod interfaces): a TCP packet to the pod that no socket of the
 //   netns owns yet (dport != 15008, source != 169.254.7.127, not marked by ztunnel) is assigned
 //   to the listener on :15006.
-// - capture_out (clsact egress, pod interfaces): a new TCP connection from an unmarked socket,
+// - mesh_capture_out (clsact egress, pod interfaces): a new TCP connection from an unmarked socket,
 //   and every later packet of a connection ztunnel accepted that way, is marked CAPTURE_MARK
 //   and redirected into lo's ingress (policy routing delivers mark CAPTURE_MARK locally).
-// - capture_lo  (clsact ingress, lo): such a packet, when no socket owns it yet, is assigned to
+// - mesh_capture_lo  (clsact ingress, lo): such a packet, when no socket owns it yet, is assigned to
 //   the listener on :15001. The accepted socket's local address is the original destination.
 //
 // No maps, no BTF needed: compiled with `clang -O2 -target bpf` from the uapi headers only.
@@ -123,8 +123,8 @@ INLINE int to_listener(struct __sk_buff *skb, struct packet *pkt, __u16 port)
 	return err == 0 ? TC_ACT_OK : TC_ACT_SHOT;
 }
 
-SEC("classifier/capture_in")
-int capture_in(struct __sk_buff *skb)
+SEC("classifier/mesh_capture_in")
+int mesh_capture_in(struct __sk_buff *skb)
 {
 	struct packet pkt = {};
 	if (parse(skb, &pkt))
@@ -138,8 +138,8 @@ int capture_in(struct __sk_buff *skb)
 	return to_listener(skb, &pkt, INBOUND_CAPTURE_PORT);
 }
 
-SEC("classifier/capture_out")
-int capture_out(struct __sk_buff *skb)
+SEC("classifier/mesh_capture_out")
+int mesh_capture_out(struct __sk_buff *skb)
 {
 	if ((skb->mark & MARK_MASK) == PROXY_MARK)
 		return TC_ACT_OK;
@@ -164,8 +164,8 @@ int capture_out(struct __sk_buff *skb)
 	return bpf_redirect(LOOPBACK_IFINDEX, BPF_F_INGRESS);
 }
 
-SEC("classifier/capture_lo")
-int capture_lo(struct __sk_buff *skb)
+SEC("classifier/mesh_capture_lo")
+int mesh_capture_lo(struct __sk_buff *skb)
 {
 	if ((skb->mark & MARK_MASK) != CAPTURE_MARK)
 		return TC_ACT_OK;

@@ -2,18 +2,19 @@
 
 use std::path::Path;
 
-use crate::netlink::Netlink;
-use crate::routing::{self, Link, ACCEPT_LOCAL, LOOPBACK_IFINDEX};
+use crate::sysctl::{self, ACCEPT_LOCAL};
 use crate::tc::{self, Hook};
 use mesh_capture::netns;
+use mesh_capture::routing::{self, Family, Link, EBPF_DELIVERY, LOOPBACK_IFINDEX};
+use mesh_capture::rtnl::Rtnl;
 use mesh_capture::TC_FILTER_PRIORITY;
 
-use crate::{netlink_error, CaptureError, Programs, FILTER_NAMES};
+use crate::{CaptureError, Programs, PROGRAM_NAMES};
 
 /// What a pod's capture covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CaptureOptions {
-    /// Capture inbound connections into ztunnel's 15006 (`capture_in`); false for pods
+    /// Capture inbound connections into ztunnel's 15006 (`mesh_capture_in`); false for pods
     /// annotated `ambient.istio.io/bypass-inbound-capture: "true"`.
     pub inbound: bool,
 }
@@ -49,12 +50,12 @@ impl Capture {
         self.enroll_with(netns, CaptureOptions::default())
     }
 
-    /// [`Capture::enroll`] with `options` (a capture without `capture_in` when inbound is off).
+    /// [`Capture::enroll`] with `options` (a capture without `mesh_capture_in` when inbound is off).
     pub fn enroll_with(&self, netns: &Path, options: CaptureOptions) -> Result<(), CaptureError> {
         netns::run_in(netns, || {
             let result = self.enroll_here(options);
             if result.is_err() {
-                if let Err(error) = remove_here() {
+                if let Err(error) = self.remove_here() {
                     tracing::warn!(netns = %netns.display(), %error, "cannot undo a failed eBPF enrollment");
                 }
             }
@@ -65,7 +66,7 @@ impl Capture {
     /// Removes the capture from the namespace at `netns`; what is absent is skipped, and a
     /// namespace that no longer exists is not an error.
     pub fn unenroll(&self, netns: &Path) -> Result<(), CaptureError> {
-        match netns::run_in(netns, remove_here) {
+        match netns::run_in(netns, || self.remove_here()) {
             Ok(result) => result,
             Err(error) if error.is_gone() => Ok(()),
             Err(error) => Err(error.into()),
@@ -88,85 +89,69 @@ impl Capture {
     }
 
     fn enroll_here(&self, options: CaptureOptions) -> Result<(), CaptureError> {
-        let mut nl = Netlink::open().map_err(netlink_error("open a netlink socket"))?;
-        routing::set_sysctl(ACCEPT_LOCAL, "1")?;
-        routing::replace_route(&mut nl).map_err(netlink_error("add the local capture route"))?;
-        routing::add_rule(&mut nl).map_err(netlink_error("add the capture rule"))?;
-        let [name_in, name_out, name_lo] = FILTER_NAMES;
-        tc::add_clsact(&mut nl, LOOPBACK_IFINDEX).map_err(netlink_error("add clsact to lo"))?;
-        tc::replace_filter(
-            &mut nl,
-            LOOPBACK_IFINDEX,
-            Hook::Ingress,
-            self.programs.capture_lo(),
-            name_lo,
-        )
-        .map_err(netlink_error("attach capture_lo"))?;
+        let mut nl = Rtnl::open()?;
+        sysctl::set_sysctl(ACCEPT_LOCAL, "1")?;
+        EBPF_DELIVERY.install(&mut nl, Family::V4)?;
+        let [name_in, name_out, name_lo] = PROGRAM_NAMES;
+        self.programs.add_clsact(LOOPBACK)?;
+        self.programs.attach(name_lo, LOOPBACK, Hook::Ingress)?;
         for link in pod_links(&mut nl)? {
-            tc::add_clsact(&mut nl, link.index).map_err(netlink_error("add clsact"))?;
+            self.programs.add_clsact(&link.name)?;
             if options.inbound {
-                tc::replace_filter(
-                    &mut nl,
-                    link.index,
-                    Hook::Ingress,
-                    self.programs.capture_in(),
-                    name_in,
-                )
-                .map_err(netlink_error("attach capture_in"))?;
+                self.programs.attach(name_in, &link.name, Hook::Ingress)?;
             } else {
-                // Re-enrolling with inbound off drops an earlier capture_in.
-                delete_named(&mut nl, link.index, Hook::Ingress, name_in)?;
+                // Re-enrolling with inbound off drops an earlier mesh_capture_in.
+                self.programs.detach(&link.name, Hook::Ingress, name_in)?;
             }
-            tc::replace_filter(
-                &mut nl,
-                link.index,
-                Hook::Egress,
-                self.programs.capture_out(),
-                name_out,
-            )
-            .map_err(netlink_error("attach capture_out"))?;
+            self.programs.attach(name_out, &link.name, Hook::Egress)?;
             tracing::debug!(interface = %link.name, "eBPF capture attached");
+        }
+        Ok(())
+    }
+
+    /// Undoes `enroll_here` in the calling thread's namespace, pod interfaces first.
+    fn remove_here(&self) -> Result<(), CaptureError> {
+        let mut nl = Rtnl::open()?;
+        let mut links = pod_links(&mut nl)?;
+        links.push(Link {
+            index: LOOPBACK_IFINDEX,
+            name: LOOPBACK.to_owned(),
+            loopback: true,
+        });
+        for link in &links {
+            self.remove_filters(&mut nl, link)?;
+        }
+        EBPF_DELIVERY.remove(&mut nl, Family::V4)?;
+        sysctl::set_sysctl(ACCEPT_LOCAL, "0")
+    }
+
+    /// Detaches our filters of `link`, then deletes its clsact qdisc when nothing else uses it.
+    fn remove_filters(&self, nl: &mut Rtnl, link: &Link) -> Result<(), CaptureError> {
+        let mut others = 0;
+        for hook in [Hook::Egress, Hook::Ingress] {
+            for filter in tc::filters(nl, link.index, hook)? {
+                match filter.name.as_deref() {
+                    Some(name) if is_ours(&filter) => {
+                        self.programs.detach(&link.name, hook, name)?
+                    }
+                    _ => others += 1,
+                }
+            }
+        }
+        if others == 0 {
+            tc::delete_clsact(nl, link.index)?;
         }
         Ok(())
     }
 }
 
+/// `lo`'s name (its index is `LOOPBACK_IFINDEX` in every namespace).
+const LOOPBACK: &str = "lo";
+
 /// The interfaces other than `lo`.
-fn pod_links(nl: &mut Netlink) -> Result<Vec<Link>, CaptureError> {
-    let links = routing::links(nl).map_err(netlink_error("list interfaces"))?;
+fn pod_links(nl: &mut Rtnl) -> Result<Vec<Link>, CaptureError> {
+    let links = routing::links(nl)?;
     Ok(links.into_iter().filter(|link| !link.loopback).collect())
-}
-
-/// Undoes `enroll_here` in the calling thread's namespace, pod interfaces first.
-fn remove_here() -> Result<(), CaptureError> {
-    let mut nl = Netlink::open().map_err(netlink_error("open a netlink socket"))?;
-    let mut indexes: Vec<u32> = pod_links(&mut nl)?.iter().map(|l| l.index).collect();
-    indexes.push(LOOPBACK_IFINDEX);
-    for index in indexes {
-        remove_filters(&mut nl, index)?;
-    }
-    routing::delete_rule(&mut nl).map_err(netlink_error("delete the capture rule"))?;
-    routing::delete_route(&mut nl).map_err(netlink_error("delete the local capture route"))?;
-    routing::set_sysctl(ACCEPT_LOCAL, "0")
-}
-
-/// Deletes our filters of `ifindex`, then its clsact qdisc when nothing else uses it.
-fn remove_filters(nl: &mut Netlink, ifindex: u32) -> Result<(), CaptureError> {
-    let mut others = 0;
-    for hook in [Hook::Egress, Hook::Ingress] {
-        for filter in tc::filters(nl, ifindex, hook).map_err(netlink_error("list tc filters"))? {
-            if is_ours(&filter) {
-                tc::delete_filter(nl, ifindex, hook)
-                    .map_err(netlink_error("delete a capture filter"))?;
-            } else {
-                others += 1;
-            }
-        }
-    }
-    if others == 0 {
-        tc::delete_clsact(nl, ifindex).map_err(netlink_error("delete clsact"))?;
-    }
-    Ok(())
 }
 
 fn is_ours(filter: &tc::Filter) -> bool {
@@ -174,52 +159,30 @@ fn is_ours(filter: &tc::Filter) -> bool {
         && filter
             .name
             .as_deref()
-            .is_some_and(|name| FILTER_NAMES.contains(&name))
-}
-
-/// Deletes our filter `name` on `ifindex`'s `hook`, if present.
-fn delete_named(
-    nl: &mut Netlink,
-    ifindex: u32,
-    hook: Hook,
-    name: &str,
-) -> Result<(), CaptureError> {
-    let filters = tc::filters(nl, ifindex, hook).map_err(netlink_error("list tc filters"))?;
-    if filters
-        .iter()
-        .any(|f| is_ours(f) && f.name.as_deref() == Some(name))
-    {
-        tc::delete_filter(nl, ifindex, hook).map_err(netlink_error("delete a capture filter"))?;
-    }
-    Ok(())
+            .is_some_and(|name| PROGRAM_NAMES.contains(&name))
 }
 
 /// Whether every piece of the capture is present in the calling thread's namespace.
 fn enrolled_here(options: CaptureOptions) -> Result<bool, CaptureError> {
-    let mut nl = Netlink::open().map_err(netlink_error("open a netlink socket"))?;
-    if routing::sysctl(ACCEPT_LOCAL)? != "1"
-        || !routing::rule_present(&mut nl).map_err(netlink_error("list rules"))?
-        || !routing::route_present(&mut nl).map_err(netlink_error("list routes"))?
-    {
+    let mut nl = Rtnl::open()?;
+    if sysctl::sysctl(ACCEPT_LOCAL)? != "1" || !EBPF_DELIVERY.present(&mut nl, Family::V4)? {
         return Ok(false);
     }
-    let [name_in, name_out, name_lo] = FILTER_NAMES;
+    let [name_in, name_out, name_lo] = PROGRAM_NAMES;
     let mut wanted = vec![(LOOPBACK_IFINDEX, Hook::Ingress, name_lo)];
     for link in pod_links(&mut nl)? {
         if options.inbound {
             wanted.push((link.index, Hook::Ingress, name_in));
-        } else {
-            let ingress = tc::filters(&mut nl, link.index, Hook::Ingress)
-                .map_err(netlink_error("list tc filters"))?;
-            if ingress.iter().any(is_ours) {
-                return Ok(false);
-            }
+        } else if tc::filters(&mut nl, link.index, Hook::Ingress)?
+            .iter()
+            .any(is_ours)
+        {
+            return Ok(false);
         }
         wanted.push((link.index, Hook::Egress, name_out));
     }
     for (ifindex, hook, name) in wanted {
-        let filters =
-            tc::filters(&mut nl, ifindex, hook).map_err(netlink_error("list tc filters"))?;
+        let filters = tc::filters(&mut nl, ifindex, hook)?;
         if !filters
             .iter()
             .any(|f| is_ours(f) && f.name.as_deref() == Some(name))

@@ -3,18 +3,18 @@
 //!
 //! # How
 //! Everything lives in the pod's network namespace (pods need no cgroup of their own):
-//! - **Inbound** (`capture_in`, clsact ingress on every pod interface): a TCP packet to the pod
+//! - **Inbound** (`mesh_capture_in`, clsact ingress on every pod interface): a TCP packet to the pod
 //!   that no socket of the netns owns yet (destination port not 15008, source not the probe
 //!   address 169.254.7.127, not marked 0x539) is `bpf_sk_assign`ed to the listener on
 //!   [`INBOUND_CAPTURE_PORT`]. Established connections, request sockets and the app's own
 //!   connections are found with `bpf_skc_lookup_tcp` and left alone.
-//! - **Outbound** (`capture_out`, clsact egress on every pod interface): the SYN of a new
+//! - **Outbound** (`mesh_capture_out`, clsact egress on every pod interface): the SYN of a new
 //!   connection from a socket without [`PROXY_MARK`], and every later packet of a connection
 //!   that ztunnel accepted that way (found by looking the packet up as if it were received), is
 //!   marked [`CAPTURE_MARK`] and redirected into `lo`'s ingress. The policy rule
 //!   `iif lo fwmark 0x111/0xfff lookup 101` (pref [`EBPF_RULE_PREF`]) and the route
 //!   `local 0.0.0.0/0 dev lo table 101` deliver it locally (`net.ipv4.conf.lo.accept_local=1`
-//!   lets its pod source address in), and `capture_lo` (clsact ingress on `lo`) assigns new
+//!   lets its pod source address in), and `mesh_capture_lo` (clsact ingress on `lo`) assigns new
 //!   connections to the listener on [`OUTBOUND_CAPTURE_PORT`].
 //! - Only traffic that goes out of a pod interface is routed through ztunnel: local traffic
 //!   (to the pod's own IPs, loopback) and replies of connections ztunnel did not accept keep
@@ -41,9 +41,8 @@
 //! [`TC_FILTER_PRIORITY`]: mesh_capture::TC_FILTER_PRIORITY
 
 mod capture;
-mod netlink;
 mod programs;
-mod routing;
+mod sysctl;
 mod tc;
 
 use mesh_capture::netns::EnterError;
@@ -51,8 +50,9 @@ use mesh_capture::netns::EnterError;
 pub use capture::{Capture, CaptureOptions};
 pub use programs::{object, Programs, PROGRAM_NAMES};
 
-/// `bpf` filter names (`tc filter show`): pod ingress, pod egress, lo ingress.
-pub const FILTER_NAMES: [&str; 3] = ["mesh_capture_in", "mesh_capture_out", "mesh_capture_lo"];
+/// `bpf` filter names (`tc filter show`): pod ingress, pod egress, lo ingress. aya names a
+/// filter after its program, so these are [`PROGRAM_NAMES`].
+pub const FILTER_NAMES: [&str; 3] = PROGRAM_NAMES;
 
 /// Why capture could not be loaded or changed.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +67,22 @@ pub enum CaptureError {
     },
     #[error("the BPF object has no program {0}; was ebpf/bpf/capture.bpf.c changed?")]
     MissingProgram(&'static str),
+    #[cfg(feature = "bpf")]
+    #[error("cannot attach BPF program {program} to {interface}: {source}; does the process have CAP_NET_ADMIN and CAP_BPF?")]
+    Attach {
+        program: &'static str,
+        interface: String,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[cfg(feature = "bpf")]
+    #[error("cannot {what} on {interface}: {source}; does the process have CAP_NET_ADMIN?")]
+    Tc {
+        what: &'static str,
+        interface: String,
+        #[source]
+        source: aya::programs::tc::TcError,
+    },
     #[error(transparent)]
     Enter(#[from] EnterError),
     #[error("netlink request to {what} failed: {source}; does the process have CAP_NET_ADMIN?")]
@@ -90,6 +106,10 @@ impl CaptureError {
             CaptureError::NotBuilt => "not_built",
             CaptureError::Load { .. } => "load",
             CaptureError::MissingProgram(_) => "missing_program",
+            #[cfg(feature = "bpf")]
+            CaptureError::Attach { .. } => "attach",
+            #[cfg(feature = "bpf")]
+            CaptureError::Tc { .. } => "tc",
             CaptureError::Enter(error) => error.reason(),
             CaptureError::Netlink { .. } => "netlink",
             CaptureError::Sysctl { .. } => "sysctl",
@@ -97,7 +117,11 @@ impl CaptureError {
     }
 }
 
-/// `what` failed over netlink.
-pub(crate) fn netlink_error(what: &'static str) -> impl FnOnce(std::io::Error) -> CaptureError {
-    move |source| CaptureError::Netlink { what, source }
+impl From<mesh_capture::rtnl::RtnlError> for CaptureError {
+    fn from(error: mesh_capture::rtnl::RtnlError) -> CaptureError {
+        CaptureError::Netlink {
+            what: error.operation(),
+            source: error.into_io(),
+        }
+    }
 }

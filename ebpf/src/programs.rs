@@ -1,13 +1,13 @@
-//! The compiled BPF object (`bpf/capture.bpf.c`, embedded with the `bpf` feature) and its
-//! programs loaded into the kernel with aya.
+//! The compiled BPF object (`bpf/capture.bpf.c`, embedded with the `bpf` feature), its
+//! programs loaded into the kernel with aya, and attaching them with aya's tc API.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-
+use crate::tc::Hook;
 use crate::CaptureError;
 
-/// The programs of the object, in [`crate::FILTER_NAMES`] order: pod ingress, pod egress, lo
-/// ingress.
-pub const PROGRAM_NAMES: [&str; 3] = ["capture_in", "capture_out", "capture_lo"];
+/// The programs of the object: pod ingress, pod egress, lo ingress. aya names a tc filter after
+/// its program, so these are also the filter names `tc filter show` prints (the kernel keeps
+/// the first 15 bytes as the program's own name: `mesh_capture_ou`).
+pub const PROGRAM_NAMES: [&str; 3] = ["mesh_capture_in", "mesh_capture_out", "mesh_capture_lo"];
 
 #[cfg(feature = "bpf")]
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
@@ -20,11 +20,24 @@ pub fn object() -> Option<&'static [u8]> {
     None
 }
 
-/// The three tc programs, verified and loaded; they stay in the kernel while a filter or these
-/// fds refer to them.
+/// The three tc programs, verified and loaded. Filters attached from them stay in the kernel
+/// after this value (and the process) is gone: enrollment outlives an agent restart.
 #[derive(Debug)]
 pub struct Programs {
-    fds: [OwnedFd; 3],
+    /// aya needs `&mut` to attach; enrollments of different pods take turns.
+    #[cfg(feature = "bpf")]
+    ebpf: std::sync::Mutex<aya::Ebpf>,
+}
+
+#[cfg(feature = "bpf")]
+fn load_error(
+    program: &'static str,
+    error: impl std::error::Error + Send + Sync + 'static,
+) -> CaptureError {
+    CaptureError::Load {
+        program,
+        source: std::io::Error::other(error),
+    }
 }
 
 impl Programs {
@@ -33,37 +46,20 @@ impl Programs {
     pub fn load() -> Result<Programs, CaptureError> {
         use aya::programs::SchedClassifier;
 
-        let load_error = |program, error: &dyn std::fmt::Display| CaptureError::Load {
-            program,
-            source: std::io::Error::other(error.to_string()),
-        };
         let mut ebpf = aya::EbpfLoader::new()
             .load(OBJECT)
-            .map_err(|error| load_error("(object)", &error))?;
-        let mut fds = Vec::with_capacity(PROGRAM_NAMES.len());
+            .map_err(|error| load_error("(object)", error))?;
         for name in PROGRAM_NAMES {
-            let program = ebpf
+            let program: &mut SchedClassifier = ebpf
                 .program_mut(name)
-                .ok_or(CaptureError::MissingProgram(name))?;
-            let program: &mut SchedClassifier = program
+                .ok_or(CaptureError::MissingProgram(name))?
                 .try_into()
-                .map_err(|error| load_error(name, &error))?;
-            program.load().map_err(|error| load_error(name, &error))?;
-            let fd = program.fd().map_err(|error| load_error(name, &error))?;
-            let fd = fd
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|source| CaptureError::Load {
-                    program: name,
-                    source,
-                })?;
-            fds.push(fd);
+                .map_err(|error| load_error(name, error))?;
+            program.load().map_err(|error| load_error(name, error))?;
         }
-        // Dropping `ebpf` closes aya's fds; ours keep the programs loaded.
-        let fds: [OwnedFd; 3] = fds
-            .try_into()
-            .map_err(|_| CaptureError::MissingProgram(PROGRAM_NAMES[0]))?;
-        Ok(Programs { fds })
+        Ok(Programs {
+            ebpf: std::sync::Mutex::new(ebpf),
+        })
     }
 
     /// Without the `bpf` feature there is nothing to load.
@@ -72,18 +68,160 @@ impl Programs {
         Err(CaptureError::NotBuilt)
     }
 
-    /// `capture_in`: clsact ingress of pod interfaces.
-    pub fn capture_in(&self) -> BorrowedFd<'_> {
-        self.fds[0].as_fd()
+    /// The kernel's ids of the loaded programs, in [`PROGRAM_NAMES`] order (`bpftool prog show id N`).
+    #[cfg(feature = "bpf")]
+    pub fn kernel_ids(&self) -> Result<[u32; 3], CaptureError> {
+        let mut ebpf = self.lock();
+        let mut ids = [0; 3];
+        for (id, name) in ids.iter_mut().zip(PROGRAM_NAMES) {
+            let program = classifier(&mut ebpf, name)?;
+            *id = program
+                .info()
+                .map_err(|error| load_error(name, error))?
+                .id();
+        }
+        Ok(ids)
     }
 
-    /// `capture_out`: clsact egress of pod interfaces.
-    pub fn capture_out(&self) -> BorrowedFd<'_> {
-        self.fds[1].as_fd()
+    /// Attaches `program` to `interface`'s `hook` as the filter at priority 1337 handle 1, or,
+    /// when that filter exists (re-enrollment, an agent restart), swaps its program in place.
+    #[cfg(feature = "bpf")]
+    pub(crate) fn attach(
+        &self,
+        program: &'static str,
+        interface: &str,
+        hook: Hook,
+    ) -> Result<(), CaptureError> {
+        use aya::programs::tc::{
+            NlOptions, SchedClassifierLink, TcAttachOptions, TcError, TcHandle,
+        };
+        use aya::programs::ProgramError;
+        use mesh_capture::TC_FILTER_PRIORITY;
+
+        let attach_error = |source| CaptureError::Attach {
+            program,
+            interface: interface.to_owned(),
+            source,
+        };
+        let handle = TcHandle::new(0, crate::tc::FILTER_HANDLE);
+        let mut ebpf = self.lock();
+        let classifier = classifier(&mut ebpf, program)?;
+        let options = NlOptions {
+            priority: TC_FILTER_PRIORITY,
+            handle,
+            ..NlOptions::default()
+        };
+        let id = match classifier.attach_with_options(
+            interface,
+            hook.attach_type(),
+            TcAttachOptions::Netlink(options),
+        ) {
+            Ok(id) => id,
+            Err(ProgramError::TcError(error))
+                if crate::tc::tc_errno(&error) == Some(nix::errno::Errno::EEXIST) =>
+            {
+                let existing = SchedClassifierLink::attached(
+                    interface,
+                    hook.attach_type(),
+                    TC_FILTER_PRIORITY,
+                    handle,
+                    None,
+                )
+                .map_err(|error| attach_error(ProgramError::TcError(TcError::IoError(error))))?;
+                classifier.attach_to_link(existing).map_err(attach_error)?
+            }
+            Err(error) => return Err(attach_error(error)),
+        };
+        let link = classifier.take_link(id).map_err(attach_error)?;
+        // Dropping an aya link detaches it; the filter must stay when this process exits.
+        std::mem::forget(link);
+        Ok(())
     }
 
-    /// `capture_lo`: clsact ingress of `lo`.
-    pub fn capture_lo(&self) -> BorrowedFd<'_> {
-        self.fds[2].as_fd()
+    /// Adds the clsact qdisc to `interface` (`tc qdisc add dev X clsact`); an existing one is kept.
+    #[cfg(feature = "bpf")]
+    pub(crate) fn add_clsact(&self, interface: &str) -> Result<(), CaptureError> {
+        match aya::programs::tc::qdisc_add_clsact(interface) {
+            Ok(()) => Ok(()),
+            Err(error) if crate::tc::tc_errno(&error) == Some(nix::errno::Errno::EEXIST) => Ok(()),
+            Err(error) => Err(CaptureError::Tc {
+                what: "add the clsact qdisc",
+                interface: interface.to_owned(),
+                source: error,
+            }),
+        }
     }
+
+    /// Detaches every filter named `name` from `interface`'s `hook`; none is fine.
+    #[cfg(feature = "bpf")]
+    pub(crate) fn detach(
+        &self,
+        interface: &str,
+        hook: Hook,
+        name: &str,
+    ) -> Result<(), CaptureError> {
+        use aya::programs::tc::{qdisc_detach_program, TcError};
+        use nix::errno::Errno;
+        match qdisc_detach_program(interface, hook.attach_type(), name) {
+            Ok(()) => Ok(()),
+            Err(TcError::IoError(error)) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error)
+                if matches!(
+                    crate::tc::tc_errno(&error),
+                    Some(Errno::ENOENT | Errno::EINVAL)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(source) => Err(CaptureError::Tc {
+                what: "detach a capture filter",
+                interface: interface.to_owned(),
+                source,
+            }),
+        }
+    }
+
+    #[cfg(not(feature = "bpf"))]
+    pub(crate) fn add_clsact(&self, _interface: &str) -> Result<(), CaptureError> {
+        Err(CaptureError::NotBuilt)
+    }
+
+    #[cfg(not(feature = "bpf"))]
+    pub(crate) fn detach(
+        &self,
+        _interface: &str,
+        _hook: Hook,
+        _name: &str,
+    ) -> Result<(), CaptureError> {
+        Err(CaptureError::NotBuilt)
+    }
+
+    #[cfg(not(feature = "bpf"))]
+    pub(crate) fn attach(
+        &self,
+        _program: &'static str,
+        _interface: &str,
+        _hook: Hook,
+    ) -> Result<(), CaptureError> {
+        Err(CaptureError::NotBuilt)
+    }
+
+    #[cfg(feature = "bpf")]
+    fn lock(&self) -> std::sync::MutexGuard<'_, aya::Ebpf> {
+        // A panic while attaching leaves aya's state as valid as before: keep going.
+        self.ebpf
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(feature = "bpf")]
+fn classifier<'a>(
+    ebpf: &'a mut aya::Ebpf,
+    name: &'static str,
+) -> Result<&'a mut aya::programs::SchedClassifier, CaptureError> {
+    ebpf.program_mut(name)
+        .ok_or(CaptureError::MissingProgram(name))?
+        .try_into()
+        .map_err(|error| load_error(name, error))
 }

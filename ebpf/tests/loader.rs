@@ -34,12 +34,11 @@ fn kernel_verifier_accepts_the_programs() {
         return;
     }
     let programs = Programs::load().expect("the verifier accepts every program");
-    // Three distinct program fds.
-    use std::os::fd::AsRawFd;
-    let fds = [
-        programs.capture_in().as_raw_fd(),
-        programs.capture_out().as_raw_fd(),
-        programs.capture_lo().as_raw_fd(),
-    ];
-    assert!(fds[0] != fds[1] && fds[1] != fds[2] && fds[0] != fds[2]);
+    // Three distinct programs in the kernel.
+    let ids = programs.kernel_ids().expect("program info");
+    assert!(ids.iter().all(|&id| id != 0), "{ids:?}");
+    assert!(
+        ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+        "{ids:?}"
+    );
 }

@@ -1,4 +1,4 @@
-//! Netlink plumbing shared by the nftables and routing code: building messages with nested
+//! Netlink plumbing of the nftables code: building messages with nested
 //! attributes, a socket in the calling thread's network namespace, acks, dumps and parsing.
 //!
 //! Everything here is byte-level and synchronous: the kernel handles a request while we are
@@ -18,8 +18,6 @@ const NLA_F_NESTED: u16 = 0x8000;
 /// Flags of a request that wants an ack.
 pub(super) const REQUEST: u16 = (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16;
 pub(super) const CREATE: u16 = libc::NLM_F_CREATE as u16;
-pub(super) const EXCL: u16 = libc::NLM_F_EXCL as u16;
-pub(super) const REPLACE: u16 = libc::NLM_F_REPLACE as u16;
 pub(super) const APPEND: u16 = libc::NLM_F_APPEND as u16;
 const DUMP: u16 = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
 /// How long a dump or an ack may take before we give up (the kernel answers at once).
@@ -71,11 +69,6 @@ impl Msg {
     /// A big-endian u32 (nf_tables' integer attributes).
     pub(super) fn put_be32(&mut self, ty: u16, value: u32) -> &mut Self {
         self.put(ty, &value.to_be_bytes())
-    }
-
-    /// A host-endian u32 (rtnetlink's integer attributes).
-    pub(super) fn put_u32(&mut self, ty: u16, value: u32) -> &mut Self {
-        self.put(ty, &value.to_ne_bytes())
     }
 
     /// Opens nested attribute `ty`; close it with [`Msg::end_nest`].
@@ -171,10 +164,6 @@ pub(super) fn attr_str(data: &[u8]) -> &str {
 }
 
 /// A host-endian u32 attribute's value.
-pub(super) fn attr_u32(data: &[u8]) -> Option<u32> {
-    Some(u32::from_ne_bytes(data.get(0..4)?.try_into().ok()?))
-}
-
 /// A netlink socket of one protocol, opened in the calling thread's network namespace.
 #[derive(Debug)]
 pub(super) struct Socket {

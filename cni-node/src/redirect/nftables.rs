@@ -15,8 +15,10 @@ use mesh_capture::{
 
 use super::netns::{run_in, Entered};
 use super::nft::{self, Batch, Expr, Hook};
-use super::routes::{self, Family};
+use super::routes;
 use super::{PodNetwork, RedirectError, Redirector};
+use mesh_capture::routing::Family;
+use mesh_capture::rtnl::RtnlError;
 
 /// The conntrack zone of DNS traffic between ztunnel and upstream resolvers.
 const DNS_CT_ZONE: u16 = 1;
@@ -302,6 +304,11 @@ fn netlink_error(path: &Path, (what, source): (&'static str, std::io::Error)) ->
     }
 }
 
+/// An rtnetlink failure of the policy routing, naming the operation.
+fn routing_error(path: &Path, error: RtnlError) -> RedirectError {
+    netlink_error(path, (error.operation(), error.into_io()))
+}
+
 /// Programs a pod's capture with nftables (see the module docs).
 #[derive(Clone, Debug, Default)]
 pub struct NftablesRedirector {}
@@ -330,7 +337,7 @@ impl NftablesRedirector {
                 // All or nothing: a pod without its routes must not keep half a capture.
                 let _ = unenroll_batch().commit();
                 let _ = routes::remove(&capture.families());
-                return Err(netlink_error(path, error));
+                return Err(routing_error(path, error));
             }
             Ok(operations)
         })?;
@@ -359,7 +366,7 @@ impl Redirector for NftablesRedirector {
         let families = [Family::V4, Family::V6];
         let entered = run_in(path, || {
             unenroll_batch().commit().map_err(|e| nft_error(path, e))?;
-            routes::remove(&families).map_err(|e| netlink_error(path, e))
+            routes::remove(&families).map_err(|e| routing_error(path, e))
         })?;
         if let Entered::Gone = entered {
             tracing::debug!(netns = %path.display(), "netns gone: nothing to unenroll");
@@ -376,14 +383,7 @@ impl Redirector for NftablesRedirector {
             if !counts_match(&counts, capture) {
                 return Ok(false);
             }
-            for family in capture.families() {
-                if !routes::present(family)
-                    .map_err(|e| netlink_error(path, ("list ip rules and routes", e)))?
-                {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
+            routes::present(&capture.families()).map_err(|e| routing_error(path, e))
         })?;
         Ok(matches!(entered, Entered::Ran(true)))
     }

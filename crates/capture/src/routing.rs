@@ -136,11 +136,13 @@ impl LocalDelivery {
     }
 
     fn rule(&self, family: Family) -> RuleMessage {
-        let mut header = RuleHeader::default();
-        header.family = family.af();
-        // The real table is in the attribute (RT_TABLE_UNSPEC here).
-        header.table = 0;
-        header.action = RuleAction::ToTable;
+        let header = RuleHeader {
+            family: family.af(),
+            // The real table is in the attribute (RT_TABLE_UNSPEC here).
+            table: 0,
+            action: RuleAction::ToTable,
+            ..RuleHeader::default()
+        };
         let mut attributes = Vec::with_capacity(5);
         if let Some(iif) = self.iif {
             attributes.push(RuleAttribute::Iifname(iif.to_owned()));
@@ -158,12 +160,14 @@ impl LocalDelivery {
     }
 
     fn route(&self, family: Family, protocol: RouteProtocol, scope: RouteScope) -> RouteMessage {
-        let mut header = RouteHeader::default();
-        header.address_family = family.af();
-        header.table = RouteHeader::RT_TABLE_UNSPEC;
-        header.protocol = protocol;
-        header.scope = scope;
-        header.kind = RouteType::Local;
+        let header = RouteHeader {
+            address_family: family.af(),
+            table: RouteHeader::RT_TABLE_UNSPEC,
+            protocol,
+            scope,
+            kind: RouteType::Local,
+            ..RouteHeader::default()
+        };
         let mut route = RouteMessage::default();
         route.header = header;
         route.attributes = vec![

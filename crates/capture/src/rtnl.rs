@@ -66,6 +66,16 @@ impl RtnlError {
         self.errno() == Some(Errno::EEXIST)
     }
 
+    /// What we were doing.
+    pub fn operation(&self) -> &'static str {
+        match self {
+            RtnlError::Open(_) => "open a NETLINK_ROUTE socket",
+            RtnlError::Refused { operation, .. }
+            | RtnlError::Io { operation, .. }
+            | RtnlError::Malformed { operation, .. } => operation,
+        }
+    }
+
     /// The error as an `io::Error` (for callers whose own error type holds one).
     pub fn into_io(self) -> io::Error {
         match self {
@@ -211,8 +221,8 @@ impl Rtnl {
                 .recv(&mut &mut self.buf[..], 0)
                 .map_err(|source| RtnlError::Io { operation, source })?;
             let datagram = self.buf.get(..len).unwrap_or(&self.buf);
-            let received = decode(datagram)
-                .map_err(|reason| RtnlError::Malformed { operation, reason })?;
+            let received =
+                decode(datagram).map_err(|reason| RtnlError::Malformed { operation, reason })?;
             for Received {
                 seq: msg_seq,
                 multipart,
@@ -283,7 +293,7 @@ mod tests {
     #[test]
     fn decodes_acks_and_errors() {
         let mut nack = ErrorMessage::default();
-        nack.code = NonZeroI32::new(-libc::EEXIST);
+        nack.code = NonZeroI32::new(-(Errno::EEXIST as i32));
         let received = decode(&encode(3, 0, NetlinkPayload::Error(nack))).expect("decodes");
         assert_eq!(received[0].answer, Answer::Error(Errno::EEXIST));
         let ack = ErrorMessage::default();
@@ -306,6 +316,9 @@ mod tests {
         let mut two = datagram.clone();
         two.extend_from_slice(&[1, 2, 3]);
         let error = decode(&two).expect_err("trailing garbage");
-        assert!(error.contains(&format!("byte {}", datagram.len())), "{error}");
+        assert!(
+            error.contains(&format!("byte {}", datagram.len())),
+            "{error}"
+        );
     }
 }

@@ -94,7 +94,11 @@ fn both_deliveries_install_once_read_back_and_remove_cleanly() {
             RuleAttribute::FwMask(0xfff),
             RuleAttribute::Table(100),
         ];
-        nl.request("add a duplicate", RouteNetlinkMessage::NewRule(rule), NLM_F_CREATE)
+        nl.request(
+            "add a duplicate",
+            RouteNetlinkMessage::NewRule(rule),
+            NLM_F_CREATE,
+        )
     })
     .expect("duplicate rule");
     assert_eq!(rules(ns, "-4").len(), 3);
@@ -113,7 +117,10 @@ fn both_deliveries_install_once_read_back_and_remove_cleanly() {
     assert_eq!(routes(ns, "-4", &EBPF_DELIVERY), "");
 
     let links = with_rtnl(ns, routing::links).expect("links");
-    let names: Vec<_> = links.iter().map(|link| (link.name.as_str(), link.loopback)).collect();
+    let names: Vec<_> = links
+        .iter()
+        .map(|link| (link.name.as_str(), link.loopback))
+        .collect();
     assert_eq!(names, [("lo", true), (pod.iface(), false)]);
     assert_eq!(links[0].index, routing::LOOPBACK_IFINDEX);
 }
@@ -130,7 +137,11 @@ fn a_refused_request_names_the_operation_and_the_errno() {
     let error = with_rtnl(node.netns(), |nl| {
         let mut link = LinkMessage::default();
         link.header.index = 9999;
-        let result = nl.request("delete interface 9999", RouteNetlinkMessage::DelLink(link), 0);
+        let result = nl.request(
+            "delete interface 9999",
+            RouteNetlinkMessage::DelLink(link),
+            0,
+        );
         // The socket stays usable after a refusal.
         assert!(!routing::links(nl).expect("links").is_empty());
         result
