@@ -11,6 +11,7 @@ APT_PACKAGES=(
   iproute2 procps psmisc
   nftables iperf3 netcat-openbsd
   containernetworking-plugins clang
+  libnftnl-dev libmnl-dev
   python3 python3-pip
 )
 

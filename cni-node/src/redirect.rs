@@ -7,9 +7,10 @@ use std::path::PathBuf;
 #[cfg(feature = "ebpf")]
 pub mod ebpf;
 mod host_probe;
-mod netlink;
 mod netns;
 mod nft;
+mod nft_batch;
+mod nft_dump;
 mod nftables;
 mod routes;
 #[cfg(test)]

@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use mesh_capture::{PROBE_SNAT_IPV4, PROBE_SNAT_IPV6};
 
 use super::netns::{run_in, Entered};
-use super::nft::{self, Batch, Expr, Hook};
+use nix::errno::Errno;
+
+use super::nft::{self, Batch, ChainKind, Expr, Hook, HookPoint, MetaKey, Op};
 use super::RedirectError;
 
 /// The host table (istio-cni uses the in-pod nat table's name in the host netns as well).
@@ -86,8 +88,8 @@ impl HostProbeSnat {
             batch.add_addr_set(HOST_TABLE, PROBE_SET_V6, true, 2);
         }
         let hook = Hook {
-            kind: "nat",
-            hook: libc::NF_INET_POST_ROUTING,
+            kind: ChainKind::Nat,
+            hook: HookPoint::Postrouting,
             priority: SNAT_PRIORITY,
         };
         batch.add_chain(HOST_TABLE, CHAIN, Some(hook));
@@ -104,27 +106,24 @@ impl HostProbeSnat {
                 &self.snat_rule(self.config.snat_ipv6.into()),
             );
         }
-        self.commit(batch, false)
+        self.commit(batch, None)
     }
 
     /// `meta l4proto tcp meta skuid <uid> ip daddr @<set> counter snat ip to <snat>`.
     fn snat_rule(&self, snat: IpAddr) -> Vec<Expr> {
-        let (set, ipv6, family) = match snat {
-            IpAddr::V4(_) => (PROBE_SET_V4, false, libc::NFPROTO_IPV4),
-            IpAddr::V6(_) => (PROBE_SET_V6, true, libc::NFPROTO_IPV6),
+        let (set, ipv6) = match snat {
+            IpAddr::V4(_) => (PROBE_SET_V4, false),
+            IpAddr::V6(_) => (PROBE_SET_V6, true),
         };
         let uid = self.config.kubelet_uid.to_ne_bytes();
         [
             nft::l4proto(libc::IPPROTO_TCP as u8),
-            vec![
-                Expr::MetaLoad(libc::NFT_META_SKUID),
-                nft::cmp(libc::NFT_CMP_EQ, &uid),
-            ],
+            vec![Expr::MetaLoad(MetaKey::SkUid), nft::cmp(Op::Eq, &uid)],
             nft::daddr_in(set, ipv6),
             vec![
                 Expr::Counter,
                 Expr::Immediate(nft::addr_bytes(snat)),
-                Expr::Snat { family },
+                Expr::Snat { ipv6 },
             ],
         ]
         .concat()
@@ -150,7 +149,9 @@ impl HostProbeSnat {
         };
         let mut batch = Batch::default();
         batch.set_element(HOST_TABLE, set, ip, delete);
-        self.commit(batch, delete)
+        // Adding what is there or deleting what is not is fine.
+        let tolerated = if delete { Errno::ENOENT } else { Errno::EEXIST };
+        self.commit(batch, Some(tolerated))
     }
 
     /// Deletes the host table with its sets and rules; fine when absent.
@@ -158,14 +159,15 @@ impl HostProbeSnat {
         let mut batch = Batch::default();
         batch.add_table(HOST_TABLE);
         batch.delete_table(HOST_TABLE);
-        self.commit(batch, false)
+        self.commit(batch, None)
     }
 
-    /// Commits `batch` in the configured netns; `absent_ok`: ENOENT is success.
-    fn commit(&self, batch: Batch, absent_ok: bool) -> Result<(), RedirectError> {
+    /// Commits `batch` in the configured netns; the kernel answering `tolerated` is success
+    /// (only meaningful for a batch of one operation: a refused batch applies nothing).
+    fn commit(&self, batch: Batch, tolerated: Option<Errno>) -> Result<(), RedirectError> {
         let path = self.netns.as_deref().unwrap_or(Path::new(OWN_NETNS));
         let apply = move || match batch.commit() {
-            Err(e) if absent_ok && e.errno == Some(nix::errno::Errno::ENOENT) => Ok(()),
+            Err(e) if tolerated.is_some() && e.errno == tolerated => Ok(()),
             Err(e) => Err(RedirectError::Nftables {
                 op: e.op,
                 path: path.to_owned(),

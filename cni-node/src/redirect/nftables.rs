@@ -1,7 +1,7 @@
 //! [`NftablesRedirector`]: istio-cni's in-pod nftables capture (docs/compatibility.md, in-pod capture; tables
 //! `inet istio-ambient-{nat,mangle,raw}`), programmed over netlink from a thread inside the
-//! pod's netns: one nftables transaction for the three tables, then the fwmark rule and the
-//! table-100 route over rtnetlink.
+//! pod's netns: one nftables transaction (libnftnl) for the three tables, then the fwmark rule
+//! and the table-100 route over rtnetlink.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -14,7 +14,8 @@ use mesh_capture::{
 };
 
 use super::netns::{run_in, Entered};
-use super::nft::{self, Batch, Expr, Hook};
+use super::nft::{self, Batch, ChainKind, CtKey, Expr, Hook, HookPoint, Op};
+use super::nft_dump;
 use super::routes;
 use super::{PodNetwork, RedirectError, Redirector};
 use mesh_capture::routing::Family;
@@ -30,8 +31,8 @@ const PRE: &str = "istio-prerouting";
 const OUT: &str = "istio-output";
 const TCP: u8 = libc::IPPROTO_TCP as u8;
 const UDP: u8 = libc::IPPROTO_UDP as u8;
-const EQ: i32 = libc::NFT_CMP_EQ;
-const NE: i32 = libc::NFT_CMP_NEQ;
+const EQ: Op = Op::Eq;
+const NE: Op = Op::Neq;
 
 /// What the rules of one pod capture.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +77,7 @@ impl Table {
     }
 }
 
-fn hook(kind: &'static str, hook: i32, priority: i32) -> Hook {
+fn hook(kind: ChainKind, hook: HookPoint, priority: i32) -> Hook {
     Hook {
         kind,
         hook,
@@ -90,7 +91,7 @@ fn rule(parts: &[Vec<Expr>]) -> Vec<Expr> {
 }
 
 /// `meta mark and 0xfff <op> 0x539`.
-fn proxy_mark(op: i32) -> Vec<Expr> {
+fn proxy_mark(op: Op) -> Vec<Expr> {
     nft::mark(false, MARK_MASK, op, PROXY_MARK)
 }
 
@@ -190,15 +191,11 @@ fn nat_rules(capture: Capture) -> Vec<(&'static str, Vec<Expr>)> {
 fn mangle_rules() -> Vec<(&'static str, Vec<Expr>)> {
     let set_conn_mark = vec![
         Expr::Counter,
-        Expr::CtLoad(libc::NFT_CT_MARK),
+        Expr::CtLoad(CtKey::Mark),
         nft::and_or(!MARK_MASK, CAPTURE_MARK),
-        Expr::CtSet(libc::NFT_CT_MARK),
+        Expr::CtSet(CtKey::Mark),
     ];
-    let restore_mark = vec![
-        Expr::Counter,
-        Expr::CtLoad(libc::NFT_CT_MARK),
-        Expr::MetaSet(libc::NFT_META_MARK),
-    ];
+    let restore_mark = vec![Expr::Counter, Expr::CtLoad(CtKey::Mark), Expr::MetaSetMark];
     let conn_marked = nft::mark(true, MARK_MASK, EQ, CAPTURE_MARK);
     vec![
         (PRE, rule(&[proxy_mark(EQ), set_conn_mark])),
@@ -214,7 +211,7 @@ fn raw_rules(capture: Capture) -> Vec<(&'static str, Vec<Expr>)> {
         vec![
             Expr::Counter,
             Expr::Immediate(DNS_CT_ZONE.to_ne_bytes().to_vec()),
-            Expr::CtSet(libc::NFT_CT_ZONE),
+            Expr::CtSet(CtKey::Zone),
         ]
     };
     vec![
@@ -231,24 +228,24 @@ fn raw_rules(capture: Capture) -> Vec<(&'static str, Vec<Expr>)> {
 
 /// The three in-pod tables for `capture`.
 pub(super) fn pod_tables(capture: Capture) -> Vec<Table> {
-    let (pre, out) = (libc::NF_INET_PRE_ROUTING, libc::NF_INET_LOCAL_OUT);
+    let (pre, out) = (HookPoint::Prerouting, HookPoint::Output);
     vec![
         Table {
             name: NAT,
-            prerouting: hook("nat", pre, -100),
-            output: hook("nat", out, -100),
+            prerouting: hook(ChainKind::Nat, pre, -100),
+            output: hook(ChainKind::Nat, out, -100),
             rules: nat_rules(capture),
         },
         Table {
             name: MANGLE,
-            prerouting: hook("filter", pre, -150),
-            output: hook("route", out, -150),
+            prerouting: hook(ChainKind::Filter, pre, -150),
+            output: hook(ChainKind::Route, out, -150),
             rules: mangle_rules(),
         },
         Table {
             name: RAW,
-            prerouting: hook("filter", pre, -300),
-            output: hook("filter", out, -300),
+            prerouting: hook(ChainKind::Filter, pre, -300),
+            output: hook(ChainKind::Filter, out, -300),
             rules: raw_rules(capture),
         },
     ]
@@ -378,8 +375,8 @@ impl Redirector for NftablesRedirector {
         let path = pod.netns.as_path();
         let capture = Capture::of(pod);
         let entered = run_in(path, || {
-            let counts =
-                nft::rule_counts().map_err(|e| netlink_error(path, ("list nftables rules", e)))?;
+            let counts = nft_dump::rule_counts()
+                .map_err(|e| netlink_error(path, ("list nftables rules", e)))?;
             if !counts_match(&counts, capture) {
                 return Ok(false);
             }

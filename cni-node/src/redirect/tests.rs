@@ -4,28 +4,70 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use mesh_testutil::netns::{have_root, TestNet};
 
-use super::netlink::{attrs, replies, Msg};
-use super::nft::{self, Batch, Expr};
+use super::nft::{self, Base, Batch, Expr, Op};
 use super::nftables::{enroll_batch, pod_tables, Capture};
+use super::{nft_batch, nft_dump};
 use super::{NftablesRedirector, PodNetwork, RedirectError, Redirector};
 
+/// One netlink message: header (length, type, flags 0, seq, pid 0) and payload.
+fn message(ty: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&(16 + payload.len() as u32).to_ne_bytes());
+    bytes.extend_from_slice(&ty.to_ne_bytes());
+    bytes.extend_from_slice(&0u16.to_ne_bytes());
+    bytes.extend_from_slice(&seq.to_ne_bytes());
+    bytes.extend_from_slice(&0u32.to_ne_bytes());
+    bytes.extend_from_slice(payload);
+    bytes.resize(bytes.len().div_ceil(4) * 4, 0);
+    bytes
+}
+
+/// An `NLMSG_ERROR` answer with `code` and the (truncated) request header it answers.
+fn error(seq: u32, code: i32) -> Vec<u8> {
+    let mut payload = code.to_ne_bytes().to_vec();
+    payload.extend_from_slice(&[0; 16]);
+    message(libc::NLMSG_ERROR as u16, seq, &payload)
+}
+
 #[test]
-fn attributes_are_aligned_and_nested_lengths_cover_their_children() {
-    let mut msg = Msg::new(0x0a06, 0, &[1, 0, 0, 10]);
-    msg.put_str(1, "abc"); // 4 + 4 bytes, no padding needed
-    let nest = msg.begin_nest(4);
-    msg.put(1, &[7]); // 5 bytes, padded to 8
-    msg.put_be32(2, 0x0102_0304);
-    msg.end_nest(nest);
-    let batch_bytes = msg.into_bytes_for_test(9);
-    let parsed: Vec<_> = replies(&batch_bytes).collect();
-    assert_eq!(parsed.len(), 1);
-    assert_eq!((parsed[0].ty, parsed[0].seq), (0x0a06, 9));
-    let top: Vec<_> = attrs(parsed[0].payload, 4).collect();
-    assert_eq!(top.len(), 2);
-    assert_eq!(top[0], (1, &b"abc\0"[..]));
-    let inner: Vec<_> = attrs(top[1].1, 0).collect();
-    assert_eq!(inner, vec![(1, &[7u8][..]), (2, &[1u8, 2, 3, 4][..])]);
+fn batch_answers_map_to_sequence_numbers_and_bad_bytes_are_errors() {
+    let mut datagram = error(2, 0);
+    datagram.extend(error(3, -libc::ENOENT));
+    datagram.extend(message(0x0a06, 3, &[1, 2, 3, 4]));
+    let acks = nft_batch::acks(&datagram).expect("decodes");
+    assert_eq!(acks, vec![(2, None), (3, Some(nix::errno::Errno::ENOENT))]);
+    let error = nft_batch::acks(&datagram[..datagram.len() - 6]).expect_err("truncated");
+    assert!(error.to_string().contains("at byte 72"), "{error}");
+}
+
+#[test]
+fn rule_dumps_count_rules_per_table() {
+    // NFT_MSG_NEWRULE: nfgenmsg, then NFTA_RULE_TABLE "t1" and NFTA_RULE_CHAIN "c".
+    let rule = |table: &str| {
+        let mut payload = vec![1, 0, 0, 0];
+        for (ty, value) in [(1u16, table), (2, "c")] {
+            let value = format!("{value}\0");
+            payload.extend_from_slice(&(4 + value.len() as u16).to_ne_bytes());
+            payload.extend_from_slice(&ty.to_ne_bytes());
+            payload.extend_from_slice(value.as_bytes());
+            payload.resize(payload.len().div_ceil(4) * 4, 0);
+        }
+        message(0x0a06, 1, &payload)
+    };
+    let mut counts = std::collections::HashMap::new();
+    let mut datagram = rule("t1");
+    datagram.extend(rule("t2"));
+    datagram.extend(rule("t1"));
+    assert!(!nft_dump::count_rules(&datagram, &mut counts).expect("decodes"));
+    assert!(
+        nft_dump::count_rules(&message(libc::NLMSG_DONE as u16, 1, &[0; 4]), &mut counts)
+            .expect("done")
+    );
+    assert_eq!(counts.get("t1"), Some(&2));
+    assert_eq!(counts.get("t2"), Some(&1));
+    let mut bad = rule("t1");
+    bad[20..22].copy_from_slice(&200u16.to_ne_bytes()); // an attribute longer than the message
+    assert!(nft_dump::count_rules(&bad, &mut counts).is_err());
 }
 
 #[test]
@@ -57,27 +99,20 @@ fn rule_set_matches_istio_cni_shape() {
 
 #[test]
 fn ports_and_marks_use_nft_byte_orders() {
-    let exprs = nft::port(6, false, libc::NFT_CMP_NEQ, 15008);
-    assert_eq!(
-        exprs.last(),
-        Some(&nft::cmp(libc::NFT_CMP_NEQ, &[0x3a, 0xa0]))
-    );
-    let mark = nft::mark(false, 0xfff, libc::NFT_CMP_EQ, 0x539);
-    assert_eq!(mark[2], nft::cmp(libc::NFT_CMP_EQ, &0x539u32.to_ne_bytes()));
-    let probe = nft::addr(
-        true,
-        libc::NFT_CMP_EQ,
-        IpAddr::V4(Ipv4Addr::new(169, 254, 7, 127)),
-    );
+    let exprs = nft::port(6, false, Op::Neq, 15008);
+    assert_eq!(exprs.last(), Some(&nft::cmp(Op::Neq, &[0x3a, 0xa0])));
+    let mark = nft::mark(false, 0xfff, Op::Eq, 0x539);
+    assert_eq!(mark[2], nft::cmp(Op::Eq, &0x539u32.to_ne_bytes()));
+    let probe = nft::addr(true, Op::Eq, IpAddr::V4(Ipv4Addr::new(169, 254, 7, 127)));
     assert_eq!(
         probe[2],
         Expr::Payload {
-            base: libc::NFT_PAYLOAD_NETWORK_HEADER,
+            base: Base::Network,
             offset: 12,
             len: 4
         }
     );
-    assert_eq!(probe[3], nft::cmp(libc::NFT_CMP_EQ, &[169, 254, 7, 127]));
+    assert_eq!(probe[3], nft::cmp(Op::Eq, &[169, 254, 7, 127]));
 }
 
 #[test]

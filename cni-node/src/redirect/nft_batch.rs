@@ -1,0 +1,484 @@
+//! Sending an nf_tables transaction through libnftnl (the `nftnl` crate): every operation of
+//! a [`Batch`](super::nft::Batch) becomes an `nftnl` table, chain, rule, set or set-element
+//! message between the batch's begin and end, the finalized batch goes to the kernel in one
+//! datagram on a `NETLINK_NETFILTER` socket of the calling thread's netns, and the kernel's
+//! answers are matched to operations by sequence number.
+//!
+//! Two expressions `nft` uses have no `nftnl` type (`redir` and `ct zone set`), nor does
+//! immediate data of any length or a whole-table flush: the small `unsafe` blocks below fill
+//! libnftnl objects for those with the library's own setters.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr, CString};
+use std::io;
+use std::net::IpAddr;
+use std::ptr::NonNull;
+use std::time::Duration;
+
+use netlink_packet_core::{ErrorBuffer, NetlinkBuffer, NLMSG_ERROR};
+use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
+use nftnl::expr::{
+    Bitwise, Cmp, CmpOp, Conntrack, Counter, Expression, Lookup, Meta, Nat, NatType,
+    NetworkHeaderField, Payload, Register, TransportHeaderField,
+};
+use nftnl::nftnl_sys as sys;
+use nftnl::set::Set;
+use nftnl::{Chain, ChainType, FinalizedBatch, MsgType, NlMsg, ProtoFamily, Rule, Table};
+use nix::errno::Errno;
+use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::{TimeVal, TimeValLike};
+
+use super::nft::{
+    Base, BatchError, ChainKind, CtKey, Expr, HookPoint, MetaKey, Op, Operation, Verdict,
+};
+
+/// How long the kernel may take to answer a batch (it answers at once).
+const RECV_TIMEOUT: Duration = Duration::from_secs(5);
+const RECV_BUFFER: usize = 64 * 1024;
+/// `NF_NAT_RANGE_PROTO_SPECIFIED`: `redirect to :port`.
+const NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
+
+/// Applies `operations` atomically in the calling thread's netns.
+pub(super) fn commit(operations: &[Operation]) -> Result<(), BatchError> {
+    let batch = encode(operations)?;
+    let mut datagram = Vec::new();
+    for part in &batch {
+        datagram.extend_from_slice(part);
+    }
+    let seqs = batch.sequence_numbers();
+    // With acks for begin and end (kernels >= 6.10) the range has two more numbers.
+    let first = seqs.start + (seqs.len() as u32).saturating_sub(operations.len() as u32) / 2;
+    let io = |source| BatchError {
+        op: "send the nftables batch".to_owned(),
+        errno: None,
+        source,
+    };
+    let socket = open().map_err(io)?;
+    socket.send(&datagram, 0).map_err(io)?;
+    let failures = collect_answers(&socket, seqs).map_err(io)?;
+    match failures.into_iter().min_by_key(|(seq, _)| *seq) {
+        None => Ok(()),
+        Some((seq, errno)) => {
+            let op = seq
+                .checked_sub(first)
+                .and_then(|index| operations.get(index as usize))
+                .map_or_else(|| "the nftables batch".to_owned(), Operation::describe);
+            Err(BatchError {
+                op,
+                errno: Some(errno),
+                source: errno.into(),
+            })
+        }
+    }
+}
+
+/// A `NETLINK_NETFILTER` socket with a receive timeout.
+pub(super) fn open() -> io::Result<Socket> {
+    let mut socket = Socket::new(NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    let timeout = TimeVal::milliseconds(RECV_TIMEOUT.as_millis() as i64);
+    setsockopt(&socket, sockopt::ReceiveTimeout, &timeout)?;
+    Ok(socket)
+}
+
+/// Reads answers until every message of `seqs` was answered, or an error came and nothing
+/// more is queued (a refused batch may be answered with its errors only).
+fn collect_answers(socket: &Socket, seqs: std::ops::Range<u32>) -> io::Result<Vec<(u32, Errno)>> {
+    let mut answered = 0;
+    let mut failures = Vec::new();
+    let mut buf = vec![0u8; RECV_BUFFER];
+    while answered < seqs.len() {
+        let len = recv(socket, &mut buf, 0)?;
+        for (seq, code) in acks(buf.get(..len).unwrap_or_default())? {
+            if !seqs.contains(&seq) {
+                continue;
+            }
+            answered += 1;
+            if let Some(errno) = code {
+                failures.push((seq, errno));
+            }
+        }
+        if !failures.is_empty()
+            && recv(socket, &mut buf[..1], libc::MSG_PEEK | libc::MSG_DONTWAIT).is_err()
+        {
+            break;
+        }
+    }
+    Ok(failures)
+}
+
+fn recv(socket: &Socket, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
+    loop {
+        match socket.recv(&mut &mut buf[..], flags) {
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock && flags == 0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no nftables answer within {RECV_TIMEOUT:?}"),
+                ))
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The `NLMSG_ERROR` answers of a datagram: sequence number and errno (`None` for an ack).
+/// Other messages are skipped; a malformed datagram is an error naming the offset.
+pub fn acks(datagram: &[u8]) -> io::Result<Vec<(u32, Option<Errno>)>> {
+    let malformed = |offset: usize, what: String| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("nftables answer at byte {offset}: {what}"),
+        )
+    };
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset < datagram.len() {
+        let message = NetlinkBuffer::new_checked(&datagram[offset..])
+            .map_err(|error| malformed(offset, error.to_string()))?;
+        if message.message_type() == NLMSG_ERROR {
+            let error = ErrorBuffer::new_checked(message.payload())
+                .map_err(|error| malformed(offset, error.to_string()))?;
+            let code = error
+                .code()
+                .map(|code| Errno::from_raw(code.get().saturating_abs()));
+            out.push((message.sequence_number(), code));
+        }
+        offset += (message.length() as usize).div_ceil(4) * 4;
+    }
+    Ok(out)
+}
+
+/// The libnftnl objects of one transaction, kept alive while the batch is built.
+fn encode(operations: &[Operation]) -> Result<FinalizedBatch, BatchError> {
+    let name = |value: &str| {
+        CString::new(value).map_err(|_| BatchError {
+            op: format!("name {value:?}"),
+            errno: None,
+            source: io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a NUL byte in an nftables name",
+            ),
+        })
+    };
+    // Tables and chains first: rules and sets borrow them.
+    let mut tables = HashMap::new();
+    let mut chains = HashMap::new();
+    for operation in operations {
+        let (table, chain) = match operation {
+            Operation::AddTable(table)
+            | Operation::DeleteTable(table)
+            | Operation::FlushTable(table) => (*table, None),
+            Operation::AddChain { table, chain, .. }
+            | Operation::FlushChain { table, chain }
+            | Operation::AddRule { table, chain, .. } => (*table, Some(*chain)),
+            Operation::AddAddrSet { table, .. } | Operation::Element { table, .. } => {
+                (*table, None)
+            }
+        };
+        if !tables.contains_key(table) {
+            tables.insert(table, Table::new(&name(table)?, ProtoFamily::Inet));
+        }
+        if let Some(chain) = chain {
+            chains.entry((table, chain)).or_insert(name(chain)?);
+        }
+    }
+    let chains: HashMap<_, _> = chains
+        .into_iter()
+        .map(|((table, chain), cname)| ((table, chain), Chain::new(&cname, &tables[table])))
+        .collect();
+    let mut set_ids = HashMap::new();
+    for operation in operations {
+        if let Operation::AddAddrSet { table, set, id, .. } = operation {
+            set_ids.insert((*table, *set), *id);
+        }
+    }
+
+    let mut batch = nftnl::Batch::new();
+    for operation in operations {
+        match operation {
+            Operation::AddTable(table) => batch.add(&tables[table], MsgType::Add),
+            Operation::DeleteTable(table) => batch.add(&tables[table], MsgType::Del),
+            Operation::FlushTable(table) => batch.add(&TableRules(&tables[table]), MsgType::Del),
+            Operation::AddChain { table, chain, hook } => {
+                let mut added = Chain::new(chains[&(*table, *chain)].get_name(), &tables[table]);
+                if let Some(hook) = hook {
+                    added.set_hook(hook_point(hook.hook), hook.priority);
+                    added.set_type(chain_type(hook.kind));
+                }
+                batch.add(&added, MsgType::Add);
+            }
+            Operation::FlushChain { table, chain } => {
+                batch.add(&Rule::new(&chains[&(*table, *chain)]), MsgType::Del);
+            }
+            Operation::AddRule {
+                table,
+                chain,
+                exprs,
+            } => {
+                let mut rule = Rule::new(&chains[&(*table, *chain)]);
+                for expr in exprs {
+                    add_expr(&mut rule, expr, &tables[table], &set_ids, &name)?;
+                }
+                batch.add(&rule, MsgType::Add);
+            }
+            Operation::AddAddrSet {
+                table,
+                set,
+                ipv6,
+                id,
+            } => {
+                let set_name = name(set)?;
+                if *ipv6 {
+                    let set = Set::<std::net::Ipv6Addr>::new_named(
+                        &set_name,
+                        *id,
+                        &tables[table],
+                        ProtoFamily::Inet,
+                    );
+                    batch.add(&set, MsgType::Add);
+                } else {
+                    let set = Set::<std::net::Ipv4Addr>::new_named(
+                        &set_name,
+                        *id,
+                        &tables[table],
+                        ProtoFamily::Inet,
+                    );
+                    batch.add(&set, MsgType::Add);
+                }
+            }
+            Operation::Element {
+                table,
+                set,
+                addr,
+                delete,
+            } => {
+                let set_name = name(set)?;
+                let id = set_ids.get(&(*table, *set)).copied().unwrap_or(0);
+                let kind = if *delete { MsgType::Del } else { MsgType::Add };
+                match addr {
+                    IpAddr::V4(v4) => {
+                        let mut elements =
+                            Set::new_named(&set_name, id, &tables[table], ProtoFamily::Inet);
+                        elements.add(v4);
+                        batch.add_iter(elements.elems_iter(), kind);
+                    }
+                    IpAddr::V6(v6) => {
+                        let mut elements =
+                            Set::new_named(&set_name, id, &tables[table], ProtoFamily::Inet);
+                        elements.add(v6);
+                        batch.add_iter(elements.elems_iter(), kind);
+                    }
+                }
+            }
+        }
+    }
+    Ok(batch.finalize())
+}
+
+fn hook_point(point: HookPoint) -> nftnl::Hook {
+    match point {
+        HookPoint::Prerouting => nftnl::Hook::PreRouting,
+        HookPoint::Output => nftnl::Hook::Out,
+        HookPoint::Postrouting => nftnl::Hook::PostRouting,
+    }
+}
+
+fn chain_type(kind: ChainKind) -> ChainType {
+    match kind {
+        ChainKind::Filter => ChainType::Filter,
+        ChainKind::Nat => ChainType::Nat,
+        ChainKind::Route => ChainType::Route,
+    }
+}
+
+fn meta(key: MetaKey) -> Meta {
+    match key {
+        MetaKey::L4Proto => Meta::L4Proto,
+        MetaKey::NfProto => Meta::NfProto,
+        MetaKey::Mark => Meta::Mark { set: false },
+        MetaKey::OifName => Meta::OifName,
+        MetaKey::SkUid => Meta::SkUid,
+    }
+}
+
+fn add_expr(
+    rule: &mut Rule<'_>,
+    expr: &Expr,
+    table: &Table,
+    set_ids: &HashMap<(&str, &str), u32>,
+    name: &impl Fn(&str) -> Result<CString, BatchError>,
+) -> Result<(), BatchError> {
+    match expr {
+        Expr::MetaLoad(key) => rule.add_expr(&meta(*key)),
+        Expr::MetaSetMark => rule.add_expr(&Meta::Mark { set: true }),
+        Expr::CtLoad(CtKey::Mark) => rule.add_expr(&Conntrack::Mark { set: false }),
+        Expr::CtLoad(CtKey::Zone) => rule.add_expr(&CtZone { set: false }),
+        Expr::CtSet(CtKey::Mark) => rule.add_expr(&Conntrack::Mark { set: true }),
+        Expr::CtSet(CtKey::Zone) => rule.add_expr(&CtZone { set: true }),
+        Expr::Payload { base, offset, len } => {
+            // nftnl hands the `Raw` fields to the kernel unchanged, and the kernel's payload
+            // offset and length are in bytes, whatever the field names say.
+            let (offset_bits, length_bits) = (*offset, *len);
+            rule.add_expr(&match base {
+                Base::Network => Payload::Network(NetworkHeaderField::Raw {
+                    offset_bits,
+                    length_bits,
+                }),
+                Base::Transport => Payload::Transport(TransportHeaderField::Raw {
+                    offset_bits,
+                    length_bits,
+                }),
+            });
+        }
+        Expr::Cmp { op, data } => {
+            let op = match op {
+                Op::Eq => CmpOp::Eq,
+                Op::Neq => CmpOp::Neq,
+            };
+            rule.add_expr(&Cmp::new(op, data.as_slice()));
+        }
+        Expr::Bitwise { mask, xor } => {
+            rule.add_expr(&Bitwise::new(mask.as_slice(), xor.as_slice()))
+        }
+        Expr::Immediate(data) => rule.add_expr(&ImmediateData(data)),
+        Expr::Verdict(Verdict::Accept) => rule.add_expr(&nftnl::expr::Verdict::Accept),
+        Expr::Verdict(Verdict::Jump(chain)) => rule.add_expr(&nftnl::expr::Verdict::Jump {
+            chain: name(chain)?,
+        }),
+        Expr::Counter => rule.add_expr(&Counter),
+        Expr::Redirect => rule.add_expr(&Redirect),
+        Expr::Snat { ipv6 } => rule.add_expr(&Nat {
+            nat_type: NatType::SNat,
+            family: if *ipv6 {
+                ProtoFamily::Ipv6
+            } else {
+                ProtoFamily::Ipv4
+            },
+            ip_register: Register::Reg1,
+            port_register: None,
+        }),
+        Expr::Lookup(set) => {
+            let id = set_ids
+                .get(&(table_name(table), *set))
+                .copied()
+                .unwrap_or(0);
+            // Only the set's name and id go into the lookup; the key type is irrelevant.
+            let named =
+                Set::<std::net::Ipv4Addr>::new_named(&name(set)?, id, table, ProtoFamily::Inet);
+            rule.add_expr(&Lookup::new(&named));
+        }
+    }
+    Ok(())
+}
+
+fn table_name(table: &Table) -> &str {
+    table.get_name().to_str().unwrap_or_default()
+}
+
+/// Allocates a libnftnl expression named `name` (aborts on out-of-memory, as `nftnl` does).
+fn alloc(name: &CStr) -> NonNull<sys::nftnl_expr> {
+    #[allow(unsafe_code)]
+    // SAFETY: `name` is a valid C string; libnftnl copies it.
+    let expr = unsafe { sys::nftnl_expr_alloc(name.as_ptr()) };
+    NonNull::new(expr).unwrap_or_else(|| std::process::abort())
+}
+
+/// Sets `attribute` of `expr` to `value`.
+fn set_u32(expr: NonNull<sys::nftnl_expr>, attribute: u32, value: u32) {
+    #[allow(unsafe_code)]
+    // SAFETY: `expr` came from `nftnl_expr_alloc` and is not freed yet.
+    unsafe {
+        sys::nftnl_expr_set_u32(expr.as_ptr(), attribute as u16, value)
+    };
+}
+
+/// `redir proto_min reg 1` (`redirect to :port`, the port loaded into register 1).
+struct Redirect;
+
+impl Expression for Redirect {
+    fn to_expr(&self, _rule: &Rule) -> NonNull<sys::nftnl_expr> {
+        let expr = alloc(c"redir");
+        set_u32(
+            expr,
+            sys::NFTNL_EXPR_REDIR_REG_PROTO_MIN,
+            libc::NFT_REG_1 as u32,
+        );
+        set_u32(expr, sys::NFTNL_EXPR_REDIR_FLAGS, NAT_RANGE_PROTO_SPECIFIED);
+        expr
+    }
+}
+
+/// `ct zone` load (`set: false`) or `ct zone set` from register 1.
+struct CtZone {
+    set: bool,
+}
+
+impl Expression for CtZone {
+    fn to_expr(&self, _rule: &Rule) -> NonNull<sys::nftnl_expr> {
+        let expr = alloc(c"ct");
+        let register = if self.set {
+            sys::NFTNL_EXPR_CT_SREG
+        } else {
+            sys::NFTNL_EXPR_CT_DREG
+        };
+        set_u32(expr, register, libc::NFT_REG_1 as u32);
+        set_u32(expr, sys::NFTNL_EXPR_CT_KEY, libc::NFT_CT_ZONE as u32);
+        expr
+    }
+}
+
+/// `immediate reg 1 <data>` for data of any length (`nftnl`'s `Immediate` copies a value).
+struct ImmediateData<'a>(&'a [u8]);
+
+impl Expression for ImmediateData<'_> {
+    fn to_expr(&self, _rule: &Rule) -> NonNull<sys::nftnl_expr> {
+        let expr = alloc(c"immediate");
+        set_u32(expr, sys::NFTNL_EXPR_IMM_DREG, libc::NFT_REG_1 as u32);
+        let len = u32::try_from(self.0.len()).unwrap_or(u32::MAX);
+        #[allow(unsafe_code)]
+        // SAFETY: libnftnl copies `len` bytes from the slice, which outlives the call.
+        unsafe {
+            sys::nftnl_expr_set(
+                expr.as_ptr(),
+                sys::NFTNL_EXPR_IMM_DATA as u16,
+                self.0.as_ptr().cast::<c_void>(),
+                len,
+            )
+        };
+        expr
+    }
+}
+
+/// `flush table`: a rule deletion naming only the table removes the rules of all its chains.
+struct TableRules<'a>(&'a Table);
+
+#[allow(unsafe_code)]
+// SAFETY: `write` is called by `nftnl::Batch` with a buffer of at least the largest message
+// size; the rule object holds two attributes and is freed before returning.
+unsafe impl NlMsg for TableRules<'_> {
+    unsafe fn write(&self, buf: *mut c_void, seq: u32, _msg_type: MsgType) {
+        let family = ProtoFamily::Inet as u16;
+        unsafe {
+            let rule = sys::nftnl_rule_alloc();
+            if rule.is_null() {
+                std::process::abort();
+            }
+            sys::nftnl_rule_set_u32(rule, sys::NFTNL_RULE_FAMILY as u16, u32::from(family));
+            sys::nftnl_rule_set_str(
+                rule,
+                sys::NFTNL_RULE_TABLE as u16,
+                self.0.get_name().as_ptr(),
+            );
+            let header = sys::nftnl_nlmsg_build_hdr(
+                buf.cast(),
+                libc::NFT_MSG_DELRULE as u16,
+                family,
+                libc::NLM_F_ACK as u16,
+                seq,
+            );
+            sys::nftnl_rule_nlmsg_build_payload(header, rule);
+            sys::nftnl_rule_free(rule);
+        }
+    }
+}
