@@ -17,6 +17,12 @@ mod routes;
 mod tests;
 mod with_probes;
 
+/// The decoders of the kernel's nf_tables answers (batch acks, rule dumps), for the fuzzers.
+pub mod answers {
+    pub use super::nft_batch::acks as nftables_acks;
+    pub use super::nft_dump::count_rules as nftables_rule_dump;
+}
+
 pub use host_probe::{HostProbeConfig, HostProbeSnat, HOST_TABLE, PROBE_SET_V4, PROBE_SET_V6};
 pub use nftables::NftablesRedirector;
 pub use with_probes::WithProbeSnat;

@@ -23,6 +23,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("xds_authorization", xds_authorization),
     ("yaml_manifest", yaml_manifest),
     ("ca_csr", ca_csr),
+    ("netlink_reply", netlink_reply),
+    ("hbone_request", hbone_request),
 ];
 
 /// The CNI plugin's stdin (network configuration with `prevResult`).
@@ -31,6 +33,104 @@ pub fn cni_stdin(data: &[u8]) {
     if let Ok(conf) = cni_node::plugin::parse_config(data) {
         let _ = conf.prev_result_ips();
         let _ = conf.agent_socket();
+    }
+}
+
+/// A datagram from the kernel on a netlink socket: rtnetlink answers (links, rules, routes,
+/// tc filters, acks) and nf_tables answers (batch acks, rule dumps).
+pub fn netlink_reply(data: &[u8]) {
+    let _ = mesh_capture::rtnl::decode(data);
+    let _ = cni_node::redirect::answers::nftables_acks(data);
+    let _ = cni_node::redirect::answers::nftables_rule_dump(data, &mut Default::default());
+}
+
+/// What an HBONE peer sends after the TLS handshake: HTTP/2 frames (after the client preface)
+/// carrying `CONNECT` heads, through ztunnel's HBONE server down to its `Connector`, which
+/// parses the `forwarded` header as the inbound proxy does and refuses. The server must finish
+/// once the peer closes; a hang is a finding.
+pub fn hbone_request(data: &[u8]) {
+    hbone_exchange(data);
+}
+
+/// [`hbone_request`], returning the bytes the server answered with.
+pub fn hbone_exchange(data: &[u8]) -> Vec<u8> {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    static SERVER: OnceLock<(ztunnel::hbone::server::Server, mesh_identity::Identity)> =
+        OnceLock::new();
+    let runtime = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    });
+    let (server, peer) = SERVER.get_or_init(|| {
+        let pki = mesh_testutil::TestPki::new();
+        let local =
+            mesh_identity::Identity::new("cluster.local", "default", "server").expect("identity");
+        let peer =
+            mesh_identity::Identity::new("cluster.local", "default", "peer").expect("identity");
+        let tls = pki.server_tls(&local);
+        let settings = ztunnel::hbone::H2Settings::default();
+        (
+            ztunnel::hbone::server::Server::new(tls, settings, HeadCheck),
+            peer,
+        )
+    });
+    let mut input = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    input.extend_from_slice(data);
+    let peer_addr = std::net::SocketAddr::from(([10, 0, 0, 1], 40000));
+    let local_addr = std::net::SocketAddr::from(([10, 0, 0, 2], 15008));
+    runtime.block_on(async {
+        let (mut client, io) = tokio::io::duplex(1 << 16);
+        let serve = server.serve_authenticated(io, peer.clone(), peer_addr, local_addr);
+        let talk = async move {
+            let _ = client.write_all(&input).await;
+            // Let the request tasks answer before the connection closes (all in memory, on
+            // this one thread: a few turns of the scheduler are enough).
+            for _ in 0..32 {
+                tokio::task::yield_now().await;
+            }
+            let _ = client.shutdown().await;
+            let mut answer = Vec::new();
+            let _ = client.read_to_end(&mut answer).await;
+            answer
+        };
+        let finished =
+            tokio::time::timeout(Duration::from_secs(10), async { tokio::join!(serve, talk) })
+                .await;
+        match finished {
+            Ok((_, answer)) => answer,
+            Err(_) => panic!("the HBONE server did not finish after the peer closed"),
+        }
+    })
+}
+
+/// Parses the headers the inbound proxy reads, then refuses (no upstream to dial).
+struct HeadCheck;
+
+impl ztunnel::hbone::server::Connector for HeadCheck {
+    fn connect(
+        &self,
+        request: ztunnel::hbone::server::InboundRequest,
+    ) -> ztunnel::hbone::server::BoxFuture<
+        'static,
+        Result<ztunnel::hbone::server::Accepted, ztunnel::hbone::server::Refusal>,
+    > {
+        let forwarded = request
+            .headers
+            .get_all("forwarded")
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .filter_map(ztunnel::proxy::forwarded_for)
+            .count();
+        Box::pin(async move {
+            Err(ztunnel::hbone::server::Refusal::Unavailable {
+                reason: format!("fuzzing ({forwarded} forwarded sources)"),
+            })
+        })
     }
 }
 

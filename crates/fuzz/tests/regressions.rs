@@ -113,4 +113,27 @@ fn the_seeds_are_accepted_by_their_parsers() {
             ztunnel::dns::message::Parsed::Query(_)
         ));
     }
+    for (path, bytes) in inputs("seeds", "netlink_reply") {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if name.starts_with("nft-") {
+            let mut counts = std::collections::HashMap::new();
+            cni_node::redirect::answers::nftables_rule_dump(&bytes, &mut counts)
+                .expect("nftables seed decodes");
+        } else {
+            let messages = mesh_capture::rtnl::decode(&bytes).expect("rtnetlink seed decodes");
+            assert!(!messages.is_empty(), "{name}");
+        }
+    }
+    // A CONNECT reaches the connector, which refuses it with 503: `:status: 503` as h2's HPACK
+    // encoder writes it (literal with indexing of name 8, the value Huffman-coded).
+    let connect = fs::read(fuzz_dir().join("seeds/hbone_request/connect.bin")).expect("seed");
+    let answer = mesh_fuzz::hbone_exchange(&connect);
+    let status_503 = [0x48, 0x83, 0x6c, 0x0c, 0xff];
+    assert!(
+        answer.windows(status_503.len()).any(|w| w == status_503),
+        "no 503 in the server's answer {answer:?}"
+    );
 }

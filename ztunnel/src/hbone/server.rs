@@ -297,6 +297,31 @@ impl Server {
         self.inner.serve_connection(tcp, peer_addr).await
     }
 
+    /// Serves HTTP/2 on `io`, a stream whose peer is already authenticated as
+    /// `peer_identity` (what the TLS handshake of [`Server::serve_connection`] yields), until
+    /// the peer closes it. The request-head fuzzer drives `CONNECT`s through this.
+    pub async fn serve_authenticated<I>(
+        &self,
+        io: I,
+        peer_identity: Identity,
+        peer_addr: SocketAddr,
+        local_addr: SocketAddr,
+    ) -> Result<(), HboneError>
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let inner = &self.inner;
+        let ctx = ConnContext {
+            connector: inner.connector.clone(),
+            tracker: inner.tracker.clone(),
+            peer_identity,
+            peer_addr,
+            local_addr,
+        };
+        let _open = Active::new(&inner.tracker, Kind::Connection);
+        inner.serve_h2(io, Arc::new(ctx)).await
+    }
+
     /// Starts a graceful drain: every open connection, and any served from now on, gets a
     /// GOAWAY; requests already received and their tunnels run to completion. Idempotent.
     pub fn drain(&self) {
