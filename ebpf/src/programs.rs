@@ -24,7 +24,8 @@ pub fn object() -> Option<&'static [u8]> {
 /// after this value (and the process) is gone: enrollment outlives an agent restart.
 #[derive(Debug)]
 pub struct Programs {
-    /// aya needs `&mut` to attach; enrollments of different pods take turns.
+    /// aya needs `&mut` to attach; enrollments of different pods take turns. aya's own netlink
+    /// socket has no receive timeout, so a kernel that never answered would hold this lock.
     #[cfg(feature = "bpf")]
     ebpf: std::sync::Mutex<aya::Ebpf>,
 }
@@ -152,7 +153,8 @@ impl Programs {
         }
     }
 
-    /// Detaches every filter named `name` from `interface`'s `hook`; none is fine.
+    /// Detaches every filter named `name` from `interface`'s `hook`; none (or an interface
+    /// that went away meanwhile) is fine.
     #[cfg(feature = "bpf")]
     pub(crate) fn detach(
         &self,
@@ -168,7 +170,7 @@ impl Programs {
             Err(error)
                 if matches!(
                     crate::tc::tc_errno(&error),
-                    Some(Errno::ENOENT | Errno::EINVAL)
+                    Some(Errno::ENOENT | Errno::EINVAL | Errno::ENODEV)
                 ) =>
             {
                 Ok(())

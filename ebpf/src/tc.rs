@@ -4,7 +4,9 @@
 //! requests with `netlink-packet-route`'s tc messages, here.
 
 use mesh_capture::rtnl::{Rtnl, RtnlError};
-use netlink_packet_route::tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcMessage, TcOption};
+use netlink_packet_route::tc::{
+    TcAttribute, TcFilterBpfOption, TcHandle, TcHeader, TcMessage, TcOption,
+};
 use netlink_packet_route::RouteNetlinkMessage;
 use nix::errno::Errno;
 
@@ -97,14 +99,35 @@ pub(crate) fn filters(nl: &mut Rtnl, ifindex: u32, hook: Hook) -> Result<Vec<Fil
         Err(error) if is_absent(&error) => return Ok(Vec::new()),
         other => other?,
     };
-    Ok(answers
+    let mut filters: Vec<Filter> = answers
+        .entries
         .iter()
         .filter_map(|answer| match answer {
             RouteNetlinkMessage::NewTrafficFilter(message) => parse_filter(message),
             _ => None,
         })
-        .collect())
+        .collect();
+    // Someone else's filter whose options netlink-packet-route cannot read: still a filter
+    // (it keeps the clsact qdisc alive), just not ours.
+    filters.extend(
+        answers
+            .unparsed
+            .iter()
+            .filter(|entry| entry.message_type == RTM_NEWTFILTER)
+            .filter_map(|entry| TcHeader::parse(&entry.payload).ok())
+            .filter(|header| u32::from(header.handle) != 0)
+            .map(|header| Filter {
+                priority: u16::try_from(header.info >> 16).unwrap_or(0),
+                handle: u32::from(header.handle),
+                kind: String::new(),
+                name: None,
+            }),
+    );
+    Ok(filters)
 }
+
+/// `RTM_NEWTFILTER` (include/uapi/linux/rtnetlink.h).
+const RTM_NEWTFILTER: u16 = 44;
 
 fn parse_filter(message: &TcMessage) -> Option<Filter> {
     let handle = u32::from(message.header.handle);

@@ -46,7 +46,14 @@ pub(super) fn commit(operations: &[Operation]) -> Result<(), BatchError> {
         datagram.extend_from_slice(part);
     }
     let seqs = batch.sequence_numbers();
-    // With acks for begin and end (kernels >= 6.10) the range has two more numbers.
+    // With acks for begin and end (kernels >= 6.10) the range has two more numbers; every
+    // operation is exactly one message.
+    debug_assert!(
+        seqs.len() == operations.len() || seqs.len() == operations.len() + 2,
+        "{} sequence numbers for {} operations",
+        seqs.len(),
+        operations.len()
+    );
     let first = seqs.start + (seqs.len() as u32).saturating_sub(operations.len() as u32) / 2;
     let io = |source| BatchError {
         op: "send the nftables batch".to_owned(),
@@ -56,12 +63,11 @@ pub(super) fn commit(operations: &[Operation]) -> Result<(), BatchError> {
     let socket = open().map_err(io)?;
     socket.send(&datagram, 0).map_err(io)?;
     let failures = collect_answers(&socket, seqs).map_err(io)?;
-    match failures.into_iter().min_by_key(|(seq, _)| *seq) {
+    match first_failure(&failures, first, operations.len()) {
         None => Ok(()),
-        Some((seq, errno)) => {
-            let op = seq
-                .checked_sub(first)
-                .and_then(|index| operations.get(index as usize))
+        Some((index, errno)) => {
+            let op = index
+                .and_then(|index| operations.get(index))
                 .map_or_else(|| "the nftables batch".to_owned(), Operation::describe);
             Err(BatchError {
                 op,
@@ -70,6 +76,27 @@ pub(super) fn commit(operations: &[Operation]) -> Result<(), BatchError> {
             })
         }
     }
+}
+
+/// The failure to report: the first failing operation (its index) when one failed, else any
+/// error outside the operations' numbers (the begin or end message, a failed commit), which
+/// names the batch as a whole (`None`).
+pub(super) fn first_failure(
+    failures: &[(u32, Errno)],
+    first: u32,
+    operations: usize,
+) -> Option<(Option<usize>, Errno)> {
+    let index = |seq: u32| {
+        seq.checked_sub(first)
+            .map(|index| index as usize)
+            .filter(|&index| index < operations)
+    };
+    failures
+        .iter()
+        .filter_map(|&(seq, errno)| Some((index(seq)?, errno)))
+        .min_by_key(|&(index, _)| index)
+        .map(|(index, errno)| (Some(index), errno))
+        .or_else(|| failures.first().map(|&(_, errno)| (None, errno)))
 }
 
 /// A `NETLINK_NETFILTER` socket with a receive timeout.
@@ -90,12 +117,14 @@ fn collect_answers(socket: &Socket, seqs: std::ops::Range<u32>) -> io::Result<Ve
     while answered < seqs.len() {
         let len = recv(socket, &mut buf, 0)?;
         for (seq, code) in acks(buf.get(..len).unwrap_or_default())? {
-            if !seqs.contains(&seq) {
-                continue;
-            }
-            answered += 1;
+            // The socket is ours alone, so every error is this batch's, whatever its number:
+            // kernels before 6.10 answer up-front refusals (EPERM, EOPNOTSUPP) and a failed
+            // commit phase against the begin message, which has number 0 there.
             if let Some(errno) = code {
                 failures.push((seq, errno));
+            }
+            if seqs.contains(&seq) {
+                answered += 1;
             }
         }
         if !failures.is_empty()
@@ -302,6 +331,24 @@ fn meta(key: MetaKey) -> Meta {
     }
 }
 
+/// The longest value an expression may carry: one register (`NFT_REG_SIZE`). libnftnl copies
+/// values into a fixed buffer, so nothing longer may reach it.
+const MAX_VALUE: usize = 16;
+
+fn check_value(data: &[u8]) -> Result<(), BatchError> {
+    if data.len() > MAX_VALUE {
+        return Err(BatchError {
+            op: format!("an expression with a {}-byte value", data.len()),
+            errno: None,
+            source: io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("values are at most {MAX_VALUE} bytes (one register)"),
+            ),
+        });
+    }
+    Ok(())
+}
+
 fn add_expr(
     rule: &mut Rule<'_>,
     expr: &Expr,
@@ -309,6 +356,24 @@ fn add_expr(
     set_ids: &HashMap<(&str, &str), u32>,
     name: &impl Fn(&str) -> Result<CString, BatchError>,
 ) -> Result<(), BatchError> {
+    match expr {
+        Expr::Cmp { data, .. } | Expr::Immediate(data) => check_value(data)?,
+        Expr::Bitwise { mask, xor } => {
+            check_value(mask)?;
+            check_value(xor)?;
+            if mask.len() != xor.len() {
+                return Err(BatchError {
+                    op: "a bitwise expression".to_owned(),
+                    errno: None,
+                    source: io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "mask and xor differ in length",
+                    ),
+                });
+            }
+        }
+        _ => {}
+    }
     match expr {
         Expr::MetaLoad(key) => rule.add_expr(&meta(*key)),
         Expr::MetaSetMark => rule.add_expr(&Meta::Mark { set: true }),

@@ -41,6 +41,24 @@ fn batch_answers_map_to_sequence_numbers_and_bad_bytes_are_errors() {
 }
 
 #[test]
+fn the_first_failing_operation_is_named_and_batch_level_errors_are_not_lost() {
+    use nix::errno::Errno;
+    // Operations are numbered 2..=4 (begin is 1 on kernels >= 6.10).
+    let failures = [(4, Errno::ENOENT), (3, Errno::EEXIST)];
+    assert_eq!(
+        nft_batch::first_failure(&failures, 2, 3),
+        Some((Some(1), Errno::EEXIST))
+    );
+    // Kernels < 6.10 answer a refused batch (EPERM) or a failed commit against the begin
+    // message, number 0: still a failure, of the batch as a whole.
+    assert_eq!(
+        nft_batch::first_failure(&[(0, Errno::EPERM)], 1, 3),
+        Some((None, Errno::EPERM))
+    );
+    assert_eq!(nft_batch::first_failure(&[], 1, 3), None);
+}
+
+#[test]
 fn rule_dumps_count_rules_per_table() {
     // NFT_MSG_NEWRULE: nfgenmsg, then NFTA_RULE_TABLE "t1" and NFTA_RULE_CHAIN "c".
     let rule = |table: &str| {

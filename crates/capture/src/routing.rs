@@ -2,7 +2,8 @@
 //! `fwmark 0x111/0xfff lookup <table>` at a fixed preference and the route
 //! `local default dev lo table <table>`, plus listing a namespace's links. Over [`Rtnl`].
 
-use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use netlink_packet_core::NlasIterator;
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkHeader, LinkMessage};
 use netlink_packet_route::route::{
     RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -113,7 +114,7 @@ impl LocalDelivery {
         let mut request = RuleMessage::default();
         request.header.family = family.af();
         let rules = nl.dump("list ip rules", RouteNetlinkMessage::GetRule(request))?;
-        Ok(rules.iter().any(|message| match message {
+        Ok(rules.entries.iter().any(|message| match message {
             RouteNetlinkMessage::NewRule(rule) => self.is_our_rule(rule),
             _ => false,
         }))
@@ -124,7 +125,7 @@ impl LocalDelivery {
         let mut request = RouteMessage::default();
         request.header.address_family = family.af();
         let routes = nl.dump("list routes", RouteNetlinkMessage::GetRoute(request))?;
-        Ok(routes.iter().any(|message| match message {
+        Ok(routes.entries.iter().any(|message| match message {
             RouteNetlinkMessage::NewRoute(route) => self.is_our_route(route),
             _ => false,
         }))
@@ -230,13 +231,16 @@ pub struct Link {
     pub loopback: bool,
 }
 
-/// Every interface of the calling thread's namespace.
+/// Every interface of the calling thread's namespace. Links whose attributes
+/// `netlink-packet-route` cannot parse are read from their header and `IFLA_IFNAME` alone, so
+/// no interface is missed.
 pub fn links(nl: &mut Rtnl) -> Result<Vec<Link>, RtnlError> {
-    let answers = nl.dump(
+    let dump = nl.dump(
         "list interfaces",
         RouteNetlinkMessage::GetLink(LinkMessage::default()),
     )?;
-    Ok(answers
+    let mut links: Vec<Link> = dump
+        .entries
         .into_iter()
         .filter_map(|message| match message {
             RouteNetlinkMessage::NewLink(link) => Some(Link {
@@ -253,5 +257,38 @@ pub fn links(nl: &mut Rtnl) -> Result<Vec<Link>, RtnlError> {
             }),
             _ => None,
         })
-        .collect())
+        .collect();
+    links.extend(
+        dump.unparsed
+            .iter()
+            .filter(|entry| entry.message_type == RTM_NEWLINK)
+            .filter_map(|entry| raw_link(&entry.payload)),
+    );
+    links.sort_by_key(|link| link.index);
+    Ok(links)
+}
+
+/// `RTM_NEWLINK` (include/uapi/linux/rtnetlink.h).
+const RTM_NEWLINK: u16 = 16;
+/// `IFLA_IFNAME` (include/uapi/linux/if_link.h).
+const IFLA_IFNAME: u16 = 3;
+/// `sizeof(struct ifinfomsg)`.
+const IFINFOMSG_LEN: usize = 16;
+
+/// A link from its `ifinfomsg` and `IFLA_IFNAME` only.
+fn raw_link(payload: &[u8]) -> Option<Link> {
+    let header = LinkHeader::parse(payload).ok()?;
+    let name = NlasIterator::new(payload.get(IFINFOMSG_LEN..)?)
+        .filter_map(Result::ok)
+        .find(|attribute| attribute.kind() == IFLA_IFNAME)
+        .map(|attribute| {
+            let value = attribute.value();
+            let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
+            String::from_utf8_lossy(&value[..end]).into_owned()
+        })?;
+    Some(Link {
+        index: header.index,
+        loopback: header.flags.contains(LinkFlags::Loopback),
+        name,
+    })
 }

@@ -7,8 +7,8 @@
 use std::io;
 
 use netlink_packet_core::{
-    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP,
-    NLM_F_MULTIPART, NLM_F_REQUEST,
+    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLMSG_OVERRUN, NLM_F_ACK,
+    NLM_F_DUMP, NLM_F_MULTIPART, NLM_F_REQUEST,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
@@ -98,8 +98,27 @@ pub enum Answer {
     Error(Errno),
     /// `NLMSG_DONE`: the end of a dump.
     Done,
+    /// A well-framed message of the request's family that `netlink-packet-route` cannot parse
+    /// (an attribute layout it does not know yet).
+    Unparsed(Unparsed),
     /// `NLMSG_NOOP`, `NLMSG_OVERRUN`.
     Other,
+}
+
+/// A dump entry `netlink-packet-route` could not parse: its type and payload (after the
+/// netlink header), for callers that read the few fields they need themselves.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Unparsed {
+    pub message_type: u16,
+    pub payload: Vec<u8>,
+    pub reason: String,
+}
+
+/// The answer to a dump: the entries that parsed and those that did not.
+#[derive(Debug, Default)]
+pub struct Dump {
+    pub entries: Vec<RouteNetlinkMessage>,
+    pub unparsed: Vec<Unparsed>,
 }
 
 /// A decoded message with the header fields the client needs.
@@ -122,8 +141,26 @@ pub fn decode(datagram: &[u8]) -> Result<Vec<Received>, String> {
         let length = buffer.length() as usize;
         let seq = buffer.sequence_number();
         let multipart = buffer.flags() & NLM_F_MULTIPART != 0;
-        let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..length])
-            .map_err(|error| format!("message at byte {offset}: {error}"))?;
+        let message_type = buffer.message_type();
+        let message = match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..length]) {
+            Ok(message) => message,
+            // Acks, errors and the end of a dump must parse; an entry the crate does not know
+            // how to read is handed over as bytes.
+            Err(error) if message_type > NLMSG_OVERRUN => {
+                out.push(Received {
+                    seq,
+                    multipart,
+                    answer: Answer::Unparsed(Unparsed {
+                        message_type,
+                        payload: buffer.payload().to_vec(),
+                        reason: error.to_string(),
+                    }),
+                });
+                offset += length.div_ceil(4) * 4;
+                continue;
+            }
+            Err(error) => return Err(format!("message at byte {offset}: {error}")),
+        };
         let answer = match message.payload {
             NetlinkPayload::InnerMessage(inner) => Answer::Message(inner),
             NetlinkPayload::Error(error) => match error.code {
@@ -192,7 +229,7 @@ impl Rtnl {
         &mut self,
         operation: &'static str,
         message: RouteNetlinkMessage,
-    ) -> Result<Vec<RouteNetlinkMessage>, RtnlError> {
+    ) -> Result<Dump, RtnlError> {
         self.exchange(operation, message, NLM_F_REQUEST | NLM_F_DUMP)
     }
 
@@ -201,7 +238,7 @@ impl Rtnl {
         operation: &'static str,
         message: RouteNetlinkMessage,
         flags: u16,
-    ) -> Result<Vec<RouteNetlinkMessage>, RtnlError> {
+    ) -> Result<Dump, RtnlError> {
         self.seq = self.seq.wrapping_add(1);
         let seq = self.seq;
         let mut header = NetlinkHeader::default();
@@ -214,7 +251,7 @@ impl Rtnl {
         self.socket
             .send(&bytes, 0)
             .map_err(|source| RtnlError::Io { operation, source })?;
-        let mut entries = Vec::new();
+        let mut dump = Dump::default();
         loop {
             let len = self
                 .socket
@@ -233,7 +270,7 @@ impl Rtnl {
                     continue; // a late answer to an earlier request
                 }
                 match answer {
-                    Answer::Ack | Answer::Done => return Ok(entries),
+                    Answer::Ack | Answer::Done => return Ok(dump),
                     Answer::Error(errno) => {
                         return Err(RtnlError::Refused {
                             operation,
@@ -241,11 +278,12 @@ impl Rtnl {
                         })
                     }
                     Answer::Message(entry) => {
-                        entries.push(entry);
+                        dump.entries.push(entry);
                         if !multipart && flags & NLM_F_ACK == 0 {
-                            return Ok(entries); // a single answer to a get
+                            return Ok(dump); // a single answer to a get
                         }
                     }
+                    Answer::Unparsed(entry) => dump.unparsed.push(entry),
                     Answer::Other => {}
                 }
             }
@@ -299,6 +337,28 @@ mod tests {
         let ack = ErrorMessage::default();
         let received = decode(&encode(3, 0, NetlinkPayload::Error(ack))).expect("decodes");
         assert_eq!(received[0].answer, Answer::Ack);
+    }
+
+    #[test]
+    fn an_entry_the_crate_cannot_parse_is_handed_over_as_bytes() {
+        // RTM_NEWLINK whose payload is shorter than an ifinfomsg.
+        let mut datagram = Vec::new();
+        datagram.extend_from_slice(&20u32.to_ne_bytes());
+        datagram.extend_from_slice(&16u16.to_ne_bytes());
+        datagram.extend_from_slice(&NLM_F_MULTIPART.to_ne_bytes());
+        datagram.extend_from_slice(&4u32.to_ne_bytes());
+        datagram.extend_from_slice(&0u32.to_ne_bytes());
+        datagram.extend_from_slice(&[1, 2, 3, 4]);
+        let received = decode(&datagram).expect("well framed");
+        match &received[0].answer {
+            Answer::Unparsed(entry) => {
+                assert_eq!(
+                    (entry.message_type, entry.payload.as_slice()),
+                    (16, &[1, 2, 3, 4][..])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

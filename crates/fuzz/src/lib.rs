@@ -82,7 +82,7 @@ pub fn hbone_exchange(data: &[u8]) -> Vec<u8> {
     let mut input = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
     input.extend_from_slice(data);
     let peer_addr = std::net::SocketAddr::from(([10, 0, 0, 1], 40000));
-    let local_addr = std::net::SocketAddr::from(([10, 0, 0, 2], 15008));
+    let local_addr = std::net::SocketAddr::from(([10, 0, 0, 2], mesh_capture::HBONE_PORT));
     runtime.block_on(async {
         let (mut client, io) = tokio::io::duplex(1 << 16);
         let serve = server.serve_authenticated(io, peer.clone(), peer_addr, local_addr);
