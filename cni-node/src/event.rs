@@ -1,14 +1,13 @@
 //! The plugin -> agent protocol: one HTTP POST per CNI ADD on a unix socket, as istio-cni's
 //! `pluginevent.sock`.
 //!
-//! - [`post_add`]: the plugin's blocking client (std only, no runtime).
-//! - [`bind`] and [`serve`]: the agent's tokio server, answering 200 once its
+//! - [`post_add`]: the plugin's blocking client (hyper on a runtime of its own).
+//! - [`bind`] and [`serve`]: the agent's server (hyper), answering 200 once its
 //!   [`CniAddHandler`] succeeded and 500 with the handler's text otherwise.
 //! - The JSON is upstream's (`nodeagent.CNIPluginAddEvent`, see `wire`), so a Go agent or
 //!   plugin on the other end works too.
 
 mod client;
-mod http;
 mod server;
 mod wire;
 

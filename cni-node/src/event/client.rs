@@ -1,136 +1,98 @@
-//! The plugin's side: one blocking `POST /cmdadd` over the agent's unix socket.
+//! The plugin's side: one `POST /cmdadd` over the agent's unix socket, with hyper's HTTP/1.1
+//! client on a runtime of its own (the plugin is otherwise synchronous).
 
-use std::io::{ErrorKind, Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::http::{decode_chunked, head_end, parse_head, MAX_HEAD};
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+
 use super::{CniAddEvent, EventError, CMD_ADD_PATH};
 
 /// Most bytes of a response body we read (the agent's error text).
 const MAX_RESPONSE_BODY: usize = 1024 * 1024;
 
 /// Sends `event` to the agent listening on `socket` and waits, at most `timeout` in all, for
-/// its answer: `Ok` only on `200 OK`.
+/// its answer: `Ok` only on `200 OK`. Must not be called from within a tokio runtime.
 pub fn post_add(socket: &Path, event: &CniAddEvent, timeout: Duration) -> Result<(), EventError> {
-    let deadline = Instant::now() + timeout;
     let body = serde_json::to_vec(event).map_err(EventError::Encode)?;
-    let mut stream = UnixStream::connect(socket).map_err(|source| EventError::Connect {
-        socket: socket.to_path_buf(),
-        source,
-    })?;
     let io = |op: &'static str| {
-        move |source: std::io::Error| match source.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => EventError::Timeout {
+        move |source: std::io::Error| EventError::Io {
+            socket: socket.to_path_buf(),
+            op,
+            source,
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(io("start a runtime to talk to"))?;
+    runtime.block_on(async {
+        match tokio::time::timeout(timeout, exchange(socket, body)).await {
+            Ok(result) => result,
+            Err(_) => Err(EventError::Timeout {
                 socket: socket.to_path_buf(),
                 timeout,
-            },
-            _ => EventError::Io {
-                socket: socket.to_path_buf(),
-                op,
-                source,
-            },
+            }),
         }
-    };
-    let mut request = format!(
-        "POST {CMD_ADD_PATH} HTTP/1.1\r\nHost: unix\r\nUser-Agent: istio-cni\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    request.extend_from_slice(&body);
-    set_timeouts(&stream, deadline).map_err(io("set timeouts on"))?;
-    stream.write_all(&request).map_err(io("write to"))?;
-    let response = read_response(&mut stream, deadline, socket).map_err(io("read from"))?;
-    check_response(socket, &response)
+    })
 }
 
-fn set_timeouts(stream: &UnixStream, deadline: Instant) -> std::io::Result<()> {
-    let left = deadline
-        .checked_duration_since(Instant::now())
-        .filter(|left| !left.is_zero())
-        .ok_or_else(|| std::io::Error::from(ErrorKind::TimedOut))?;
-    stream.set_read_timeout(Some(left))?;
-    stream.set_write_timeout(Some(left))
-}
-
-/// Reads until the response is complete (by its framing) or the agent closes.
-fn read_response(
-    stream: &mut UnixStream,
-    deadline: Instant,
-    socket: &Path,
-) -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        set_timeouts(stream, deadline)?;
-        let read = stream.read(&mut chunk)?;
-        if read == 0 {
-            return Ok(buf);
+async fn exchange(socket: &Path, body: Vec<u8>) -> Result<(), EventError> {
+    let io = |op: &'static str| {
+        move |error: hyper::Error| EventError::Io {
+            socket: socket.to_path_buf(),
+            op,
+            source: std::io::Error::other(error),
         }
-        buf.extend_from_slice(&chunk[..read]);
-        if buf.len() > MAX_HEAD + MAX_RESPONSE_BODY {
-            tracing::warn!(socket = %socket.display(), "agent response too long, truncated");
-            return Ok(buf);
-        }
-        if response_complete(&buf) {
-            return Ok(buf);
-        }
-    }
-}
-
-fn response_complete(buf: &[u8]) -> bool {
-    let Some(end) = head_end(buf) else {
-        return false;
     };
-    let Ok(head) = parse_head(&buf[..end]) else {
-        return true;
-    };
-    if head.is_chunked() {
-        return !matches!(decode_chunked(&buf[end..]), Ok(None));
-    }
-    match head.content_length() {
-        Ok(Some(length)) => buf.len() - end >= length,
-        Ok(None) => false,
-        Err(_) => true,
-    }
+    let stream = UnixStream::connect(socket)
+        .await
+        .map_err(|source| EventError::Connect {
+            socket: socket.to_path_buf(),
+            source,
+        })?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(io("start HTTP with"))?;
+    let connection = tokio::spawn(connection);
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri(CMD_ADD_PATH)
+        .header(header::HOST, "unix")
+        .header(header::USER_AGENT, "istio-cni")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CONNECTION, "close")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|error| EventError::BadResponse {
+            socket: socket.to_path_buf(),
+            detail: format!("cannot build the request: {error}"),
+        })?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(io("send the event to"))?;
+    let status = response.status();
+    let body = Limited::new(response.into_body(), MAX_RESPONSE_BODY)
+        .collect()
+        .await
+        .map_err(|error| EventError::BadResponse {
+            socket: socket.to_path_buf(),
+            detail: format!("cannot read the answer: {error}"),
+        })?
+        .to_bytes();
+    connection.abort();
+    check_response(socket, status, &body)
 }
 
 /// Maps the agent's answer: 200 is success; anything else carries the agent's text.
-fn check_response(socket: &Path, response: &[u8]) -> Result<(), EventError> {
-    let bad = |detail: String| EventError::BadResponse {
-        socket: socket.to_path_buf(),
-        detail,
-    };
-    let end = head_end(response).ok_or_else(|| {
-        bad(format!(
-            "incomplete HTTP response ({} bytes) before the connection closed",
-            response.len()
-        ))
-    })?;
-    let head = parse_head(&response[..end]).map_err(bad)?;
-    let status: u16 = head
-        .start_line
-        .split_whitespace()
-        .nth(1)
-        .filter(|_| head.start_line.starts_with("HTTP/1."))
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| bad(format!("bad status line {:?}", head.start_line)))?;
-    let raw_body = &response[end..];
-    let body = if head.is_chunked() {
-        decode_chunked(raw_body)
-            .map_err(bad)?
-            .unwrap_or_else(|| raw_body.to_vec())
-    } else {
-        let length = head
-            .content_length()
-            .map_err(bad)?
-            .unwrap_or(raw_body.len());
-        raw_body[..length.min(raw_body.len())].to_vec()
-    };
-    let body = String::from_utf8_lossy(&body).trim().to_owned();
+fn check_response(socket: &Path, status: StatusCode, body: &[u8]) -> Result<(), EventError> {
+    let body = String::from_utf8_lossy(body).trim().to_owned();
     let socket = socket.to_path_buf();
+    let status = status.as_u16();
     match status {
         200 => Ok(()),
         500..=599 => Err(EventError::AgentFailed {

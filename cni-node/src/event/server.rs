@@ -1,6 +1,7 @@
-//! The agent's side: accept plugin events on the unix socket and hand them to a
-//! [`CniAddHandler`], one request per connection.
+//! The agent's side: accept plugin events on the unix socket (HTTP/1.1 by hyper) and hand them
+//! to a [`CniAddHandler`], one request per connection.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::panic::AssertUnwindSafe;
@@ -8,17 +9,24 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::FutureExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 
-use super::http::{head_end, parse_head, response, Head, MAX_HEAD};
 use super::wire::decode_event;
 use super::{CniAddHandler, EventError, CMD_ADD_PATH};
 
 /// Largest request body accepted (an event is a few hundred bytes).
 pub const MAX_BODY: usize = 64 * 1024;
+/// Most bytes of a request head (hyper's read buffer; larger heads get 431).
+const MAX_HEAD: usize = 16 * 1024;
 /// How long a plugin may take to send its request.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long in-flight requests may finish after shutdown.
@@ -63,9 +71,11 @@ pub fn bind(path: &Path) -> Result<UnixListener, EventError> {
 }
 
 /// Serves plugin events until `shutdown` completes, then stops accepting and gives in-flight
-/// requests [`DRAIN_GRACE`] to finish. Each request gets: 200 when the handler succeeded, 500
-/// with the handler's error text, 400 naming the bad field of a malformed event, 404 for other
-/// paths, 405 for other methods, 411/413 for a missing or too large body.
+/// requests [`DRAIN_GRACE`] to finish. HTTP/1.1 is hyper's, one request per connection. Each
+/// request gets: 200 when the handler succeeded, 500 with the handler's error text, 400 naming
+/// the bad field of a malformed event, 404 for other paths, 405 for other methods, 411/413 for
+/// a missing or too large body, 408 for a body not received in time; a head not received in
+/// time closes the connection.
 pub async fn serve(
     listener: UnixListener,
     handler: Arc<dyn CniAddHandler>,
@@ -102,113 +112,117 @@ pub async fn serve(
     }
 }
 
-async fn handle_connection(mut stream: UnixStream, handler: Arc<dyn CniAddHandler>) {
-    let reply = match tokio::time::timeout(READ_TIMEOUT, read_request(&mut stream)).await {
-        Err(_) => response(408, "", "request not received in time\n"),
-        Ok(Err(reply)) => reply,
-        Ok(Ok(body)) => dispatch(&body, handler).await,
-    };
-    if let Err(error) = stream.write_all(&reply).await {
-        tracing::debug!(%error, "cannot answer the plugin (it gave up?)");
+async fn handle_connection(stream: UnixStream, handler: Arc<dyn CniAddHandler>) {
+    let service = service_fn(move |request| {
+        let handler = handler.clone();
+        async move { Ok::<_, Infallible>(answer(request, handler).await) }
+    });
+    let served = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+    if let Err(error) = served {
+        tracing::debug!(%error, "plugin event connection ended with an error");
     }
-    let _ = stream.shutdown().await;
 }
 
-/// Reads one request and checks method and path; `Err` is the response to send instead.
-async fn read_request(stream: &mut UnixStream) -> Result<Vec<u8>, Vec<u8>> {
-    let mut buf = Vec::with_capacity(1024);
-    let end = loop {
-        if let Some(end) = head_end(&buf) {
-            break end;
-        }
-        if buf.len() > MAX_HEAD {
-            return Err(response(431, "", "request head too large\n"));
-        }
-        if read_more(stream, &mut buf).await? == 0 {
-            return Err(response(
-                400,
-                "",
-                "connection closed before the request head\n",
-            ));
-        }
-    };
-    let head = parse_head(&buf[..end]).map_err(|why| response(400, "", &format!("{why}\n")))?;
-    check_target(&head)?;
-    let length = body_length(&head)?;
-    if head
-        .header("expect")
-        .is_some_and(|value| value.eq_ignore_ascii_case("100-continue"))
-    {
-        let _ = stream.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").await;
-    }
-    while buf.len() - end < length {
-        if read_more(stream, &mut buf).await? == 0 {
-            return Err(response(
-                400,
-                "",
-                "connection closed before the whole body\n",
-            ));
-        }
-    }
-    Ok(buf[end..end + length].to_vec())
-}
-
-async fn read_more(stream: &mut UnixStream, buf: &mut Vec<u8>) -> Result<usize, Vec<u8>> {
-    let mut chunk = [0u8; 4096];
-    let read = stream
-        .read(&mut chunk)
-        .await
-        .map_err(|error| response(400, "", &format!("cannot read the request: {error}\n")))?;
-    buf.extend_from_slice(&chunk[..read]);
-    Ok(read)
-}
-
-fn check_target(head: &Head) -> Result<(), Vec<u8>> {
-    let mut parts = head.start_line.split_whitespace();
-    let (method, target) = (
-        parts.next().unwrap_or_default(),
-        parts.next().unwrap_or_default(),
+/// A plain-text response.
+fn reply(status: StatusCode, text: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(text)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    let path = target.split('?').next().unwrap_or_default();
+    response
+}
+
+async fn answer(
+    request: Request<Incoming>,
+    handler: Arc<dyn CniAddHandler>,
+) -> Response<Full<Bytes>> {
+    let body = match read_event(request).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
+    dispatch(&body, handler).await
+}
+
+/// Checks path, method and framing and reads the body; `Err` is the response to send instead.
+async fn read_event(request: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>>> {
+    let path = request.uri().path();
     if path != CMD_ADD_PATH {
-        return Err(response(
-            404,
-            "",
-            &format!("no such path {path:?}: plugin events go to POST {CMD_ADD_PATH}\n"),
+        return Err(reply(
+            StatusCode::NOT_FOUND,
+            format!("no such path {path:?}: plugin events go to POST {CMD_ADD_PATH}\n"),
         ));
     }
-    if method != "POST" {
-        return Err(response(
-            405,
-            "Allow: POST\r\n",
-            &format!("method {method} not allowed: use POST {CMD_ADD_PATH}\n"),
+    if request.method() != Method::POST {
+        let mut response = reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!(
+                "method {} not allowed: use POST {CMD_ADD_PATH}\n",
+                request.method()
+            ),
+        );
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        return Err(response);
+    }
+    let length = request.headers().get(header::CONTENT_LENGTH).map(|value| {
+        value
+            .to_str()
+            .ok()
+            .and_then(|text| text.parse::<usize>().ok())
+    });
+    let length = match length {
+        None => {
+            return Err(reply(
+                StatusCode::LENGTH_REQUIRED,
+                "send the event with a Content-Length\n".to_owned(),
+            ))
+        }
+        Some(None) => {
+            return Err(reply(
+                StatusCode::BAD_REQUEST,
+                "bad Content-Length\n".to_owned(),
+            ))
+        }
+        Some(Some(length)) => length,
+    };
+    if length > MAX_BODY {
+        return Err(reply(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("event of {length} bytes is larger than {MAX_BODY}\n"),
         ));
     }
-    Ok(())
-}
-
-fn body_length(head: &Head) -> Result<usize, Vec<u8>> {
-    if head.is_chunked() {
-        return Err(response(411, "", "send the event with a Content-Length\n"));
-    }
-    match head.content_length() {
-        Err(why) => Err(response(400, "", &format!("{why}\n"))),
-        Ok(None) => Err(response(411, "", "send the event with a Content-Length\n")),
-        Ok(Some(length)) if length > MAX_BODY => Err(response(
-            413,
-            "",
-            &format!("event of {length} bytes is larger than {MAX_BODY}\n"),
+    let body = Limited::new(request.into_body(), MAX_BODY);
+    match tokio::time::timeout(READ_TIMEOUT, body.collect()).await {
+        Err(_) => Err(reply(
+            StatusCode::REQUEST_TIMEOUT,
+            "request not received in time\n".to_owned(),
         )),
-        Ok(Some(length)) => Ok(length),
+        Ok(Err(error)) => Err(reply(
+            StatusCode::BAD_REQUEST,
+            format!("cannot read the request: {error}\n"),
+        )),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
     }
 }
 
-async fn dispatch(body: &[u8], handler: Arc<dyn CniAddHandler>) -> Vec<u8> {
+async fn dispatch(body: &[u8], handler: Arc<dyn CniAddHandler>) -> Response<Full<Bytes>> {
     let event = match decode_event(body) {
         Ok(event) => event,
         Err(error) => {
             tracing::warn!(%error, "malformed plugin event");
-            return response(400, "", &format!("malformed CNI add event: {error}\n"));
+            return reply(
+                StatusCode::BAD_REQUEST,
+                format!("malformed CNI add event: {error}\n"),
+            );
         }
     };
     let pod = format!("{}/{}", event.pod_namespace, event.pod_name);
@@ -217,17 +231,16 @@ async fn dispatch(body: &[u8], handler: Arc<dyn CniAddHandler>) -> Vec<u8> {
         .catch_unwind()
         .await
     {
-        Ok(Ok(())) => response(200, "", ""),
+        Ok(Ok(())) => reply(StatusCode::OK, String::new()),
         Ok(Err(text)) => {
             tracing::warn!(%pod, error = %text, "CNI add event failed");
-            response(500, "", &format!("{text}\n"))
+            reply(StatusCode::INTERNAL_SERVER_ERROR, format!("{text}\n"))
         }
         Err(_) => {
             tracing::error!(%pod, "CNI add handler panicked");
-            response(
-                500,
-                "",
-                "the istio-cni agent's add handler panicked; see its logs\n",
+            reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the istio-cni agent's add handler panicked; see its logs\n".to_owned(),
             )
         }
     }
