@@ -115,13 +115,7 @@ pub(crate) fn filters(nl: &mut Rtnl, ifindex: u32, hook: Hook) -> Result<Vec<Fil
             .iter()
             .filter(|entry| entry.message_type == RTM_NEWTFILTER)
             .filter_map(|entry| TcHeader::parse(&entry.payload).ok())
-            .filter(|header| u32::from(header.handle) != 0)
-            .map(|header| Filter {
-                priority: u16::try_from(header.info >> 16).unwrap_or(0),
-                handle: u32::from(header.handle),
-                kind: String::new(),
-                name: None,
-            }),
+            .filter_map(|header| Filter::of(&header)),
     );
     Ok(filters)
 }
@@ -129,18 +123,22 @@ pub(crate) fn filters(nl: &mut Rtnl, ifindex: u32, hook: Hook) -> Result<Vec<Fil
 /// `RTM_NEWTFILTER` (include/uapi/linux/rtnetlink.h).
 const RTM_NEWTFILTER: u16 = 44;
 
-fn parse_filter(message: &TcMessage) -> Option<Filter> {
-    let handle = u32::from(message.header.handle);
-    // The dump also lists each priority's classifier itself, with handle 0.
-    if handle == 0 {
-        return None;
+impl Filter {
+    /// The filter a dump entry's header describes, without kind or name; `None` for the
+    /// entry the dump lists for each priority's classifier itself (handle 0).
+    fn of(header: &TcHeader) -> Option<Filter> {
+        let handle = u32::from(header.handle);
+        (handle != 0).then(|| Filter {
+            priority: u16::try_from(header.info >> 16).unwrap_or(0),
+            handle,
+            kind: String::new(),
+            name: None,
+        })
     }
-    let mut filter = Filter {
-        priority: u16::try_from(message.header.info >> 16).unwrap_or(0),
-        handle,
-        kind: String::new(),
-        name: None,
-    };
+}
+
+fn parse_filter(message: &TcMessage) -> Option<Filter> {
+    let mut filter = Filter::of(&message.header)?;
     for attribute in &message.attributes {
         match attribute {
             TcAttribute::Kind(kind) => filter.kind = kind.clone(),

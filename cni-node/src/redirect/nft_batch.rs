@@ -11,22 +11,21 @@
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::ptr::NonNull;
 use std::time::Duration;
 
-use netlink_packet_core::{ErrorBuffer, NetlinkBuffer, NLMSG_ERROR};
+use mesh_capture::framing;
+use netlink_packet_core::{ErrorBuffer, NLMSG_ERROR};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
 use nftnl::expr::{
     Bitwise, Cmp, CmpOp, Conntrack, Counter, Expression, Lookup, Meta, Nat, NatType,
     NetworkHeaderField, Payload, Register, TransportHeaderField,
 };
 use nftnl::nftnl_sys as sys;
-use nftnl::set::Set;
+use nftnl::set::{Set, SetKey};
 use nftnl::{Chain, ChainType, FinalizedBatch, MsgType, NlMsg, ProtoFamily, Rule, Table};
 use nix::errno::Errno;
-use nix::sys::socket::{setsockopt, sockopt};
-use nix::sys::time::{TimeVal, TimeValLike};
 
 use super::nft::{
     Base, BatchError, ChainKind, CtKey, Expr, HookPoint, MetaKey, Op, Operation, Verdict,
@@ -101,11 +100,7 @@ pub(super) fn first_failure(
 
 /// A `NETLINK_NETFILTER` socket with a receive timeout.
 pub(super) fn open() -> io::Result<Socket> {
-    let mut socket = Socket::new(NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
-    let timeout = TimeVal::milliseconds(RECV_TIMEOUT.as_millis() as i64);
-    setsockopt(&socket, sockopt::ReceiveTimeout, &timeout)?;
-    Ok(socket)
+    framing::socket(NETLINK_NETFILTER, RECV_TIMEOUT)
 }
 
 /// Reads answers until every message of `seqs` was answered, or an error came and nothing
@@ -161,10 +156,8 @@ pub fn acks(datagram: &[u8]) -> io::Result<Vec<(u32, Option<Errno>)>> {
         )
     };
     let mut out = Vec::new();
-    let mut offset = 0;
-    while offset < datagram.len() {
-        let message = NetlinkBuffer::new_checked(&datagram[offset..])
-            .map_err(|error| malformed(offset, error.to_string()))?;
+    for message in framing::messages(datagram) {
+        let (offset, message) = message.map_err(|bad| malformed(bad.offset, bad.reason))?;
         if message.message_type() == NLMSG_ERROR {
             let error = ErrorBuffer::new_checked(message.payload())
                 .map_err(|error| malformed(offset, error.to_string()))?;
@@ -173,7 +166,6 @@ pub fn acks(datagram: &[u8]) -> io::Result<Vec<(u32, Option<Errno>)>> {
                 .map(|code| Errno::from_raw(code.get().saturating_abs()));
             out.push((message.sequence_number(), code));
         }
-        offset += (message.length() as usize).div_ceil(4) * 4;
     }
     Ok(out)
 }
@@ -258,22 +250,11 @@ fn encode(operations: &[Operation]) -> Result<FinalizedBatch, BatchError> {
                 id,
             } => {
                 let set_name = name(set)?;
+                let table = &tables[table];
                 if *ipv6 {
-                    let set = Set::<std::net::Ipv6Addr>::new_named(
-                        &set_name,
-                        *id,
-                        &tables[table],
-                        ProtoFamily::Inet,
-                    );
-                    batch.add(&set, MsgType::Add);
+                    add_set::<Ipv6Addr>(&mut batch, &set_name, *id, table);
                 } else {
-                    let set = Set::<std::net::Ipv4Addr>::new_named(
-                        &set_name,
-                        *id,
-                        &tables[table],
-                        ProtoFamily::Inet,
-                    );
-                    batch.add(&set, MsgType::Add);
+                    add_set::<Ipv4Addr>(&mut batch, &set_name, *id, table);
                 }
             }
             Operation::Element {
@@ -285,24 +266,35 @@ fn encode(operations: &[Operation]) -> Result<FinalizedBatch, BatchError> {
                 let set_name = name(set)?;
                 let id = set_ids.get(&(*table, *set)).copied().unwrap_or(0);
                 let kind = if *delete { MsgType::Del } else { MsgType::Add };
+                let table = &tables[table];
                 match addr {
-                    IpAddr::V4(v4) => {
-                        let mut elements =
-                            Set::new_named(&set_name, id, &tables[table], ProtoFamily::Inet);
-                        elements.add(v4);
-                        batch.add_iter(elements.elems_iter(), kind);
-                    }
-                    IpAddr::V6(v6) => {
-                        let mut elements =
-                            Set::new_named(&set_name, id, &tables[table], ProtoFamily::Inet);
-                        elements.add(v6);
-                        batch.add_iter(elements.elems_iter(), kind);
-                    }
+                    IpAddr::V4(v4) => element(&mut batch, &set_name, id, table, v4, kind),
+                    IpAddr::V6(v6) => element(&mut batch, &set_name, id, table, v6, kind),
                 }
             }
         }
     }
     Ok(batch.finalize())
+}
+
+/// `add set` of the named address set `name` with key type `K` (no error when it exists).
+fn add_set<K: SetKey>(batch: &mut nftnl::Batch, name: &CStr, id: u32, table: &Table) {
+    let set = Set::<K>::new_named(name, id, table, ProtoFamily::Inet);
+    batch.add(&set, MsgType::Add);
+}
+
+/// Adds (`MsgType::Add`) or deletes (`MsgType::Del`) the element `key` of set `name`.
+fn element<K: SetKey>(
+    batch: &mut nftnl::Batch,
+    name: &CStr,
+    id: u32,
+    table: &Table,
+    key: &K,
+    kind: MsgType,
+) {
+    let mut elements = Set::new_named(name, id, table, ProtoFamily::Inet);
+    elements.add(key);
+    batch.add_iter(elements.elems_iter(), kind);
 }
 
 fn hook_point(point: HookPoint) -> nftnl::Hook {
@@ -429,8 +421,7 @@ fn add_expr(
                 .copied()
                 .unwrap_or(0);
             // Only the set's name and id go into the lookup; the key type is irrelevant.
-            let named =
-                Set::<std::net::Ipv4Addr>::new_named(&name(set)?, id, table, ProtoFamily::Inet);
+            let named = Set::<Ipv4Addr>::new_named(&name(set)?, id, table, ProtoFamily::Inet);
             rule.add_expr(&Lookup::new(&named));
         }
     }

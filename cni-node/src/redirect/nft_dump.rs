@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::io;
 
+use mesh_capture::framing;
 use netlink_packet_core::{
-    ErrorBuffer, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
-    NlasIterator, NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST,
+    ErrorBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable, NlasIterator,
+    NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST,
 };
 
 /// `NFTA_RULE_TABLE` (include/uapi/linux/netfilter/nf_tables.h).
@@ -69,10 +70,8 @@ pub fn count_rules(datagram: &[u8], counts: &mut HashMap<String, usize>) -> io::
             format!("nftables rule dump at byte {offset}: {what}"),
         )
     };
-    let mut offset = 0;
-    while offset < datagram.len() {
-        let message = NetlinkBuffer::new_checked(&datagram[offset..])
-            .map_err(|error| malformed(offset, error.to_string()))?;
+    for message in framing::messages(datagram) {
+        let (offset, message) = message.map_err(|bad| malformed(bad.offset, bad.reason))?;
         match message.message_type() {
             NLMSG_DONE => return Ok(true),
             NLMSG_ERROR => {
@@ -89,16 +88,13 @@ pub fn count_rules(datagram: &[u8], counts: &mut HashMap<String, usize>) -> io::
                     let attribute =
                         attribute.map_err(|error| malformed(offset, error.to_string()))?;
                     if attribute.kind() == NFTA_RULE_TABLE {
-                        let value = attribute.value();
-                        let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
-                        let table = String::from_utf8_lossy(&value[..end]).into_owned();
+                        let table = framing::attr_string(attribute.value());
                         *counts.entry(table).or_insert(0) += 1;
                     }
                 }
             }
             _ => {}
         }
-        offset += (message.length() as usize).div_ceil(4) * 4;
     }
     Ok(false)
 }

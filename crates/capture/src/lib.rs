@@ -8,6 +8,8 @@
 //! the probe address).
 
 pub mod contract;
+#[cfg(feature = "rtnl")]
+pub mod framing;
 pub mod netns;
 #[cfg(feature = "rtnl")]
 pub mod routing;

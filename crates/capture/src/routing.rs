@@ -14,6 +14,7 @@ use nix::errno::Errno;
 use crate::contract::{
     CAPTURE_MARK, EBPF_ROUTE_TABLE, EBPF_RULE_PREF, MARK_MASK, NFT_ROUTE_TABLE, NFT_RULE_PREF,
 };
+use crate::framing;
 use crate::rtnl::{Rtnl, RtnlError, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 
 /// The loopback interface's index in every network namespace.
@@ -281,11 +282,7 @@ fn raw_link(payload: &[u8]) -> Option<Link> {
     let name = NlasIterator::new(payload.get(IFINFOMSG_LEN..)?)
         .filter_map(Result::ok)
         .find(|attribute| attribute.kind() == IFLA_IFNAME)
-        .map(|attribute| {
-            let value = attribute.value();
-            let end = value.iter().position(|&b| b == 0).unwrap_or(value.len());
-            String::from_utf8_lossy(&value[..end]).into_owned()
-        })?;
+        .map(|attribute| framing::attr_string(attribute.value()))?;
     Some(Link {
         index: header.index,
         loopback: header.flags.contains(LinkFlags::Loopback),

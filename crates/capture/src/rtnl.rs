@@ -5,6 +5,7 @@
 //! namespace, and the kernel answers rtnetlink requests while we are inside `send(2)`.
 
 use std::io;
+use std::time::Duration;
 
 use netlink_packet_core::{
     NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLMSG_OVERRUN, NLM_F_ACK,
@@ -13,13 +14,13 @@ use netlink_packet_core::{
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
 use nix::errno::Errno;
-use nix::sys::socket::{setsockopt, sockopt};
-use nix::sys::time::{TimeVal, TimeValLike};
+
+use crate::framing;
 
 pub use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 
 /// How long an answer may take before we give up (the kernel answers at once).
-const RECV_TIMEOUT_SECS: i64 = 10;
+const RECV_TIMEOUT: Duration = Duration::from_secs(10);
 /// Larger than any datagram the kernel sends for a dump (it fills about a page per datagram).
 const RECV_BUFFER: usize = 64 * 1024;
 
@@ -133,50 +134,37 @@ pub struct Received {
 /// error naming the offset; nothing panics on hostile bytes.
 pub fn decode(datagram: &[u8]) -> Result<Vec<Received>, String> {
     let mut out = Vec::new();
-    let mut offset = 0;
-    while offset < datagram.len() {
-        let rest = &datagram[offset..];
-        let buffer = NetlinkBuffer::new_checked(rest)
-            .map_err(|error| format!("message at byte {offset}: {error}"))?;
-        let length = buffer.length() as usize;
+    for message in framing::messages(datagram) {
+        let (offset, buffer) =
+            message.map_err(|bad| format!("message at byte {}: {}", bad.offset, bad.reason))?;
         let seq = buffer.sequence_number();
         let multipart = buffer.flags() & NLM_F_MULTIPART != 0;
         let message_type = buffer.message_type();
-        let message = match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rest[..length]) {
-            Ok(message) => message,
+        let bytes = buffer.into_inner();
+        let answer = match NetlinkMessage::<RouteNetlinkMessage>::deserialize(bytes) {
+            Ok(message) => match message.payload {
+                NetlinkPayload::InnerMessage(inner) => Answer::Message(inner),
+                NetlinkPayload::Error(error) => match error.code {
+                    None => Answer::Ack,
+                    Some(code) => Answer::Error(Errno::from_raw(code.get().saturating_abs())),
+                },
+                NetlinkPayload::Done(_) => Answer::Done,
+                _ => Answer::Other,
+            },
             // Acks, errors and the end of a dump must parse; an entry the crate does not know
             // how to read is handed over as bytes.
-            Err(error) if message_type > NLMSG_OVERRUN => {
-                out.push(Received {
-                    seq,
-                    multipart,
-                    answer: Answer::Unparsed(Unparsed {
-                        message_type,
-                        payload: buffer.payload().to_vec(),
-                        reason: error.to_string(),
-                    }),
-                });
-                offset += length.div_ceil(4) * 4;
-                continue;
-            }
+            Err(error) if message_type > NLMSG_OVERRUN => Answer::Unparsed(Unparsed {
+                message_type,
+                payload: NetlinkBuffer::new(bytes).payload().to_vec(),
+                reason: error.to_string(),
+            }),
             Err(error) => return Err(format!("message at byte {offset}: {error}")),
-        };
-        let answer = match message.payload {
-            NetlinkPayload::InnerMessage(inner) => Answer::Message(inner),
-            NetlinkPayload::Error(error) => match error.code {
-                None => Answer::Ack,
-                Some(code) => Answer::Error(Errno::from_raw(code.get().saturating_abs())),
-            },
-            NetlinkPayload::Done(_) => Answer::Done,
-            _ => Answer::Other,
         };
         out.push(Received {
             seq,
             multipart,
             answer,
         });
-        // Messages are 4-byte aligned within a datagram.
-        offset += length.div_ceil(4) * 4;
     }
     Ok(out)
 }
@@ -197,15 +185,8 @@ impl std::fmt::Debug for Rtnl {
 impl Rtnl {
     /// Opens a socket in the calling thread's network namespace.
     pub fn open() -> Result<Rtnl, RtnlError> {
-        let mut socket = Socket::new(NETLINK_ROUTE).map_err(RtnlError::Open)?;
-        socket.bind_auto().map_err(RtnlError::Open)?;
         // A lost answer must not hang enrollment forever.
-        setsockopt(
-            &socket,
-            sockopt::ReceiveTimeout,
-            &TimeVal::seconds(RECV_TIMEOUT_SECS),
-        )
-        .map_err(|errno| RtnlError::Open(errno.into()))?;
+        let socket = framing::socket(NETLINK_ROUTE, RECV_TIMEOUT).map_err(RtnlError::Open)?;
         Ok(Rtnl {
             socket,
             seq: 0,
