@@ -1,9 +1,12 @@
-//! A minimal HTTP/1.0 GET for admin endpoints on plain `http://` (ztunnel's 15000): one
-//! request per connection, body read to the end (chunked bodies decoded).
+//! A GET for admin endpoints on plain `http://` (ztunnel's 15000, Envoy's admin): hyper's
+//! HTTP/1.1 client, one request per connection, the whole body read.
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http::{header, Request, Uri};
+use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
+use hyper_util::rt::TokioIo;
 
 /// Why a GET failed.
 #[derive(Debug, thiserror::Error)]
@@ -20,13 +23,15 @@ pub enum HttpError {
         TIMEOUT
     )]
     Timeout { addr: String },
-    #[error("reading from {addr} failed: {source}")]
-    Io {
+    #[error("the exchange with {addr} failed: {source}")]
+    Exchange {
         addr: String,
-        source: std::io::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("{addr} answered with something that is not HTTP; is it the admin port?")]
     NotHttp { addr: String },
+    #[error("the answer of {addr}{path} is larger than {} MiB", MAX_BODY >> 20)]
+    TooLarge { addr: String, path: String },
     #[error("{addr}{path} answered {status}: {body}")]
     Status {
         addr: String,
@@ -43,8 +48,9 @@ impl HttpError {
             HttpError::BadUrl { .. } => "bad_url",
             HttpError::Connect { .. } => "connect",
             HttpError::Timeout { .. } => "timeout",
-            HttpError::Io { .. } => "io",
+            HttpError::Exchange { .. } => "exchange",
             HttpError::NotHttp { .. } => "not_http",
+            HttpError::TooLarge { .. } => "too_large",
             HttpError::Status { .. } => "status",
         }
     }
@@ -52,26 +58,30 @@ impl HttpError {
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Most bytes of an answer we read (a config dump of a large mesh is tens of MiB).
+const MAX_BODY: usize = 512 << 20;
+
 /// `host:port` of an `http://host:port[/...]` URL (port 80 when absent).
 pub fn authority(url: &str) -> Result<String, HttpError> {
     let bad = || HttpError::BadUrl {
         url: url.to_string(),
     };
-    let rest = url.strip_prefix("http://").ok_or_else(bad)?;
-    let host = rest.split('/').next().unwrap_or_default();
-    if host.is_empty() {
+    let uri: Uri = url.parse().map_err(|_| bad())?;
+    if uri.scheme_str() != Some("http") {
         return Err(bad());
     }
-    let has_port = if host.starts_with('[') {
-        host.contains("]:")
-    } else {
-        host.contains(':')
+    let authority = uri.authority().ok_or_else(bad)?;
+    if authority.host().is_empty() {
+        return Err(bad());
+    }
+    // `Uri` accepts any text after the colon; a port must be a number that fits.
+    let has_port = authority.as_str().len() > authority.host().len();
+    let port = match authority.port_u16() {
+        Some(port) => port,
+        None if has_port => return Err(bad()),
+        None => 80,
     };
-    Ok(if has_port {
-        host.to_string()
-    } else {
-        format!("{host}:80")
-    })
+    Ok(format!("{}:{port}", authority.host()))
 }
 
 /// GETs `path` from the server at `url` and returns the body of a 200 answer.
@@ -84,73 +94,74 @@ pub async fn get(url: &str, path: &str) -> Result<Vec<u8>, HttpError> {
 }
 
 async fn fetch(addr: &str, path: &str) -> Result<Vec<u8>, HttpError> {
-    let mut stream = tokio::net::TcpStream::connect(addr)
+    let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|source| HttpError::Connect {
             addr: addr.to_string(),
             source,
         })?;
-    let io = |source| HttpError::Io {
-        addr: addr.to_string(),
-        source,
+    // A head that does not parse, or a server that closes before answering, is not an HTTP
+    // server; a head too large is one that answered something we will not read.
+    let failed = |source: hyper::Error| {
+        let addr = addr.to_string();
+        if (source.is_parse() && !source.is_parse_too_large()) || source.is_incomplete_message() {
+            HttpError::NotHttp { addr }
+        } else {
+            HttpError::Exchange {
+                addr,
+                source: Box::new(source),
+            }
+        }
     };
-    // HTTP/1.1 (Envoy refuses 1.0 with 426) and one request per connection.
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.map_err(io)?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.map_err(io)?;
-    let not_http = || HttpError::NotHttp {
-        addr: addr.to_string(),
-    };
-    let split = response
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(not_http)?;
-    let head = String::from_utf8_lossy(&response[..split]).to_string();
-    let body = &response[split + 4..];
-    let mut lines = head.lines();
-    let status_line = lines.next().unwrap_or_default();
-    let mut parts = status_line.splitn(3, ' ');
-    if !parts.next().unwrap_or_default().starts_with("HTTP/") {
-        return Err(not_http());
-    }
-    let code = parts.next().unwrap_or_default();
-    let chunked = lines.any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
-    });
-    let body = if chunked {
-        dechunk(body).ok_or_else(not_http)?
-    } else {
-        body.to_vec()
-    };
-    if code != "200" {
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(failed)?;
+    let connection = tokio::spawn(connection);
+    let request = Request::get(path)
+        .header(header::HOST, addr)
+        .header(header::ACCEPT, "*/*")
+        .body(Empty::<Bytes>::new())
+        .map_err(|_| HttpError::BadUrl {
+            url: format!("http://{addr}{path}"),
+        })?;
+    let response = sender.send_request(request).await.map_err(failed)?;
+    let status = response.status();
+    // The server's own reason phrase when it sent one, else the standard one.
+    let reason = response
+        .extensions()
+        .get::<hyper::ext::ReasonPhrase>()
+        .map(|phrase| String::from_utf8_lossy(phrase.as_bytes()).into_owned())
+        .or_else(|| status.canonical_reason().map(str::to_owned))
+        .unwrap_or_default();
+    let body = Limited::new(response.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|error| {
+            if error.is::<LengthLimitError>() {
+                return HttpError::TooLarge {
+                    addr: addr.to_string(),
+                    path: path.to_string(),
+                };
+            }
+            match error.downcast::<hyper::Error>() {
+                Ok(error) => failed(*error),
+                Err(other) => HttpError::Exchange {
+                    addr: addr.to_string(),
+                    source: other,
+                },
+            }
+        })?
+        .to_bytes();
+    connection.abort();
+    if status != http::StatusCode::OK {
         return Err(HttpError::Status {
             addr: addr.to_string(),
             path: path.to_string(),
-            status: status_line.trim().to_string(),
+            status: format!("{} {reason}", status.as_u16()).trim_end().to_owned(),
             body: String::from_utf8_lossy(&body).trim().to_string(),
         });
     }
-    Ok(body)
-}
-
-/// Decodes a chunked body; `None` if it is malformed.
-fn dechunk(mut body: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = body.windows(2).position(|w| w == b"\r\n")?;
-        let size_text = std::str::from_utf8(&body[..line_end]).ok()?;
-        let size_text = size_text.split(';').next()?.trim();
-        let size = usize::from_str_radix(size_text, 16).ok()?;
-        body = &body[line_end + 2..];
-        if size == 0 {
-            return Some(out);
-        }
-        out.extend_from_slice(body.get(..size)?);
-        body = body.get(size + 2..)?;
-    }
+    Ok(body.to_vec())
 }
 
 #[cfg(test)]
@@ -171,14 +182,52 @@ mod tests {
         assert_eq!(authority("http://[::1]:15000").expect("ok"), "[::1]:15000");
         assert!(authority("https://host:15000").is_err());
         assert!(authority("localhost:15000").is_err());
+        assert!(authority("http://localhost:99999").is_err());
+        assert!(authority("http://localhost:1500O").is_err());
+        assert!(authority("http://[::1]:x").is_err());
     }
 
-    #[test]
-    fn dechunks() {
-        assert_eq!(
-            dechunk(b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n").as_deref(),
-            Some(&b"abcde"[..])
+    /// Serves one connection with `answer` (raw bytes, to test what a server may send).
+    async fn server(answer: &'static [u8]) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.expect("accept");
+            let mut head = vec![0u8; 4096];
+            let _ = stream.read(&mut head).await;
+            let _ = stream.write_all(answer).await;
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn reads_chunked_bodies_and_names_bad_answers() {
+        let url = server(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n",
+        )
+        .await;
+        assert_eq!(get(&url, "/config_dump").await.expect("200"), b"abcde");
+
+        let url = server(b"HTTP/1.1 404 No Such Dump\r\nContent-Length: 4\r\n\r\nnope").await;
+        let error = get(&url, "/config_dump").await.expect_err("404");
+        assert!(
+            matches!(&error, HttpError::Status { status, body, .. } if status == "404 No Such Dump" && body == "nope"),
+            "{error}"
         );
-        assert!(dechunk(b"5\r\nab").is_none());
+
+        let url = server(b"").await;
+        let error = get(&url, "/config_dump").await.expect_err("closed");
+        assert_eq!(error.reason(), "not_http", "{error}");
+
+        let url = server(b"SSH-2.0-OpenSSH_9.2\r\n").await;
+        let error = get(&url, "/config_dump").await.expect_err("not HTTP");
+        assert_eq!(error.reason(), "not_http", "{error}");
+
+        let url = server(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc").await;
+        let error = get(&url, "/config_dump").await.expect_err("truncated");
+        assert_eq!(error.reason(), "exchange", "{error}");
     }
 }

@@ -1,7 +1,5 @@
 //! The istiod binary as an operator runs it: configuration errors, readiness, SIGTERM.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,13 +36,18 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
-fn get(port: u16, path: &str) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
+/// Whether `GET /ready` on `port` answers 200.
+fn answers_ready(port: u16) -> bool {
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    else {
+        return false;
+    };
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    runtime
+        .block_on(mesh_testutil::http_get(addr, "/ready", Duration::from_secs(2)))
+        .is_ok_and(|response| response.status == 200)
 }
 
 #[test]
@@ -71,9 +74,7 @@ fn becomes_ready_then_drains_on_sigterm() {
     let start = Instant::now();
     let mut ready = false;
     while start.elapsed() < Duration::from_secs(20) {
-        if get(http, "/ready")
-            .is_some_and(|b| b.starts_with("HTTP/1.0 200") || b.starts_with("HTTP/1.1 200"))
-        {
+        if answers_ready(http) {
             ready = true;
             break;
         }

@@ -357,14 +357,10 @@ async fn main() -> anyhow::Result<()> {
 async fn wait_ready(port: u16) -> anyhow::Result<Duration> {
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(120) {
-        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            s.write_all(b"GET /ready HTTP/1.0\r\n\r\n").await?;
-            let mut buf = Vec::new();
-            s.read_to_end(&mut buf).await?;
-            if buf.starts_with(b"HTTP/1.0 200") || buf.starts_with(b"HTTP/1.1 200") {
-                return Ok(start.elapsed());
-            }
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let ready = mesh_testutil::http_get(addr, "/ready", Duration::from_secs(5)).await;
+        if ready.is_ok_and(|response| response.status == 200) {
+            return Ok(start.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

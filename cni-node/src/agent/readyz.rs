@@ -50,22 +50,16 @@ pub fn probes_router(ready: watch::Receiver<bool>) -> Router {
 
 #[cfg(test)]
 mod tests {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpStream;
+    use std::time::Duration;
+
+    use mesh_testutil::{http_call, HttpResponse};
 
     use super::*;
 
-    async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> String {
-        let mut stream = TcpStream::connect(addr).await.expect("connect");
-        let request = format!("{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.expect("write");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.expect("read");
-        response
-    }
-
-    async fn get(addr: std::net::SocketAddr, path: &str) -> String {
-        request(addr, "GET", path).await
+    async fn request(addr: std::net::SocketAddr, method: &str, path: &str) -> HttpResponse {
+        http_call(addr, method, path, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
     #[tokio::test]
@@ -77,15 +71,14 @@ mod tests {
         let server = tokio::spawn(serve_probes(listener, rx, async {
             let _ = stopped.await;
         }));
-        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
-        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert_eq!(request(addr, "GET", "/readyz").await.status, 503);
+        assert_eq!(request(addr, "GET", "/healthz").await.status, 200);
         ready.send_replace(true);
-        let response = get(addr, "/readyz").await;
-        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-        assert!(response.ends_with("ready\n"), "{response}");
-        assert!(get(addr, "/other").await.starts_with("HTTP/1.1 404"));
-        let post = request(addr, "POST", "/readyz").await;
-        assert!(post.starts_with("HTTP/1.1 405"), "{post}");
+        let response = request(addr, "GET", "/readyz").await;
+        assert_eq!(response.status, 200, "{response:?}");
+        assert!(response.body.ends_with("ready\n"), "{response:?}");
+        assert_eq!(request(addr, "GET", "/other").await.status, 404);
+        assert_eq!(request(addr, "POST", "/readyz").await.status, 405);
         let _ = stop.send(());
         server.await.expect("server stopped");
     }

@@ -1,9 +1,12 @@
-//! An HTTP/1.1 test application (hyper) and a client, for L7 tests through waypoints.
+//! An HTTP/1.1 test application (hyper) for L7 tests through waypoints, and hyper clients
+//! for the tests' requests (also admin, metrics and readiness endpoints).
 //!
 //! [`HttpApp`] answers every request with `200` and a body naming the app, except:
 //! `/status/<code>` answers `<code>`, `.../delay/<ms>` answers after `ms` milliseconds. It counts
 //! requests and keeps the headers of the last one. [`http_request`] sends one request over a
-//! fresh connection from a network namespace and reports status, body and time taken.
+//! fresh connection from a network namespace and reports status, body and time taken;
+//! [`http_get`] / [`http_call`] are the async requests from the caller's namespace (admin,
+//! metrics, readiness).
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -174,8 +177,38 @@ pub struct HttpResponse {
     pub elapsed: Duration,
 }
 
+/// Why a test client's exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpClientError {
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start a runtime for the request: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("bad request {method} {path}: {source}")]
+    Request {
+        method: String,
+        path: String,
+        #[source]
+        source: hyper::http::Error,
+    },
+    #[error("HTTP exchange with {addr} failed: {source}")]
+    Exchange {
+        addr: SocketAddr,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("{addr} did not answer within {timeout:?}")]
+    Timeout { addr: SocketAddr, timeout: Duration },
+}
+
 /// `method path` to `addr` from `netns` over a new HTTP/1.1 connection, with `headers`;
-/// `None` if the connection or the exchange failed (or took over `timeout`).
+/// `None` if the connection or the exchange failed, or both together took over `timeout`.
+/// Blocking; callable from inside a tokio runtime too (the exchange runs on a thread of its
+/// own, the socket already connected in `netns`).
 pub fn http_request(
     netns: &Netns,
     addr: SocketAddr,
@@ -187,47 +220,101 @@ pub fn http_request(
     let start = Instant::now();
     let stream = netns.tcp_connect(addr, timeout).ok()?;
     stream.set_nonblocking(true).ok()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .ok()?;
-    rt.block_on(async {
-        let stream = tokio::net::TcpStream::from_std(stream).ok()?;
-        let exchange = async {
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .ok()?;
-            tokio::spawn(conn);
-            let mut req = Request::builder()
-                .method(method)
-                .uri(path)
-                .header("host", addr.to_string());
-            for (k, v) in headers {
-                req = req.header(*k, *v);
-            }
-            let resp = sender
-                .send_request(req.body(Empty::<Bytes>::new()).ok()?)
-                .await
-                .ok()?;
-            let status = resp.status().as_u16();
-            let headers = resp
-                .headers()
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.as_str().to_string(),
-                        v.to_str().unwrap_or_default().to_string(),
-                    )
+    let left = timeout.checked_sub(start.elapsed())?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                rt.block_on(async {
+                    let stream = tokio::net::TcpStream::from_std(stream).ok()?;
+                    let exchange = exchange(stream, addr, method, path, headers, start);
+                    tokio::time::timeout(left, exchange).await.ok()?.ok()
                 })
-                .collect();
-            let body = resp.into_body().collect().await.ok()?.to_bytes();
-            Some(HttpResponse {
-                status,
-                body: String::from_utf8_lossy(&body).into_owned(),
-                headers,
-                elapsed: start.elapsed(),
             })
-        };
-        tokio::time::timeout(timeout, exchange).await.ok()?
+            .join()
+            .ok()
+            .flatten()
+    })
+}
+
+/// `GET path` on `addr` from the caller's network namespace, at most `timeout` in all.
+pub async fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<HttpResponse, HttpClientError> {
+    http_call(addr, "GET", path, timeout).await
+}
+
+/// `method path` (no body) on `addr` from the caller's network namespace, at most `timeout`
+/// in all.
+pub async fn http_call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<HttpResponse, HttpClientError> {
+    let start = Instant::now();
+    let fetch = async {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|source| HttpClientError::Connect { addr, source })?;
+        exchange(stream, addr, method, path, &[], start).await
+    };
+    tokio::time::timeout(timeout, fetch)
+        .await
+        .map_err(|_| HttpClientError::Timeout { addr, timeout })?
+}
+
+/// One request over `stream` (hyper's HTTP/1.1 client), the whole response body read.
+async fn exchange(
+    stream: tokio::net::TcpStream,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    start: Instant,
+) -> Result<HttpResponse, HttpClientError> {
+    let failed = |source| HttpClientError::Exchange { addr, source };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(failed)?;
+    let conn = tokio::spawn(conn);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Empty::<Bytes>::new())
+        .map_err(|source| HttpClientError::Request {
+            method: method.to_string(),
+            path: path.to_string(),
+            source,
+        })?;
+    let resp = sender.send_request(req).await.map_err(failed)?;
+    let status = resp.status().as_u16();
+    let headers = resp
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                v.to_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    let body = resp.into_body().collect().await.map_err(failed)?.to_bytes();
+    conn.abort();
+    Ok(HttpResponse {
+        status,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        headers,
+        elapsed: start.elapsed(),
     })
 }

@@ -38,16 +38,10 @@ pub async fn start_istiod(flags: &[String], state: &Path) -> Running {
     running
 }
 
-/// The whole HTTP/1.0 response (head and body) to `GET path` on `addr`.
+/// The body of `GET path` on `addr` (any status: the tests read what the page says).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr)
+    mesh_testutil::http_get(addr, path, Duration::from_secs(10))
         .await
-        .expect("connect http");
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.expect("read");
-    String::from_utf8_lossy(&buf).into_owned()
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+        .body
 }

@@ -3,18 +3,15 @@ use std::net::SocketAddr;
 use mesh_proto::workload::{address, Address, Workload};
 use mesh_runtime::http::BoundServer;
 use mesh_runtime::signal;
+use mesh_testutil::HttpResponse;
 use prost::Message;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::*;
 
-async fn request(addr: SocketAddr, method: &str, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let req = format!("{method} {path} HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).await.expect("read");
-    String::from_utf8_lossy(&out).into_owned()
+async fn request(addr: SocketAddr, method: &str, path: &str) -> HttpResponse {
+    mesh_testutil::http_call(addr, method, path, std::time::Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
 async fn serve(router: Router) -> (SocketAddr, signal::ShutdownTrigger) {
@@ -25,10 +22,6 @@ async fn serve(router: Router) -> (SocketAddr, signal::ShutdownTrigger) {
     let addr = server.local_addr();
     tokio::spawn(server.serve(router, shutdown));
     (addr, trigger)
-}
-
-fn body(resp: &str) -> &str {
-    resp.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("")
 }
 
 #[tokio::test]
@@ -63,14 +56,14 @@ async fn config_dump_shows_state_and_config_and_quit_triggers_shutdown() {
     let (admin, _stop) = serve(admin_router(view)).await;
 
     let resp = request(admin, "GET", "/config_dump").await;
-    let dump: serde_json::Value = serde_json::from_str(body(&resp)).expect("json");
+    let dump: serde_json::Value = serde_json::from_str(&resp.body).expect("json");
     assert_eq!(
         dump["workloads"].as_array().map(Vec::len),
         Some(1),
         "{dump}"
     );
     assert!(
-        body(&resp).contains("10.244.1.11"),
+        resp.body.contains("10.244.1.11"),
         "IPs as strings: {resp}"
     );
     assert!(
@@ -103,8 +96,8 @@ async fn config_dump_shows_state_and_config_and_quit_triggers_shutdown() {
     assert!(!shutdown.requested());
     let resp = request(admin, "POST", "/quitquitquit").await;
     assert!(
-        resp.starts_with("HTTP/1.0 200") || resp.starts_with("HTTP/1.1 200"),
-        "{resp}"
+        resp.status == 200,
+        "{resp:?}"
     );
     assert!(shutdown.requested(), "quitquitquit requests shutdown");
 }
@@ -115,8 +108,8 @@ async fn readiness_is_503_until_every_condition_is_met() {
     readiness.register("xds");
     let (addr, _stop) = serve(readiness_router(readiness.clone())).await;
     let resp = request(addr, "GET", "/healthz/ready").await;
-    assert!(resp.contains(" 503 ") && resp.contains("xds"), "{resp}");
+    assert!(resp.status == 503 && resp.body.contains("xds"), "{resp:?}");
     readiness.mark_ready("xds");
     let resp = request(addr, "GET", "/healthz/ready").await;
-    assert!(resp.contains(" 200 "), "{resp}");
+    assert_eq!(resp.status, 200, "{resp:?}");
 }
