@@ -6,8 +6,8 @@
 //!   [`AgentOptions::pod_wait`] for it to appear), remembered with its netns and IPs whether
 //!   enrolled or not (so a later label enrolls it while it runs), and if selected
 //!   (`selection`) goes `pending` -> `Redirector::enroll` -> ZDS add -> `enabled`. Any failure
-//!   undoes the capture and the ZDS entry, forgets the pod and returns the error text (the
-//!   plugin fails the ADD and the kubelet retries).
+//!   undoes the capture and the ZDS entry, forgets the pod and returns the error (its text
+//!   goes back to the plugin, which fails the ADD; the kubelet retries).
 //! * Source events ([`Agent::run`]): a Pod or Namespace change compares intent (labels) with
 //!   the recorded status, as istio-cni's informer does: newly selected running pods are
 //!   enrolled, deselected ones unenrolled (capture removed, ZDS `Del`), deleted or terminated
@@ -46,7 +46,7 @@ use tokio::sync::{mpsc, watch, Mutex};
 use tracing::{info, warn};
 
 use crate::config::Config;
-use crate::event::{BoxFuture, CniAddEvent, CniAddHandler};
+use crate::event::{BoxFuture, CniAddEvent, CniAddHandler, HandlerError};
 use crate::redirect::{RedirectError, Redirector};
 use crate::selection::SelectionConfig;
 use crate::state::{PodRecord, StateError, StateStore};
@@ -319,12 +319,12 @@ impl Agent {
 }
 
 impl CniAddHandler for Agent {
-    fn cni_add(&self, event: CniAddEvent) -> BoxFuture<'_, Result<(), String>> {
+    fn cni_add(&self, event: CniAddEvent) -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             let pod = format!("{}/{}", event.pod_namespace, event.pod_name);
             ops::cni_add(&self.inner, event).await.map_err(|e| {
                 warn!(%pod, error = %e, reason = e.reason(), "CNI ADD failed");
-                e.to_string()
+                HandlerError::from(e)
             })
         })
     }

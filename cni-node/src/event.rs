@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 pub use client::post_add;
 pub use server::{bind, serve, MAX_BODY};
-pub use wire::{decode_event, parse_cidr, WireError};
+pub use wire::{decode_event, parse_cidr, CidrError, WireError};
 
 /// Where the agent listens for plugin events.
 pub const PLUGIN_EVENT_SOCKET: &str = "/var/run/istio-cni/pluginevent.sock";
@@ -49,10 +49,14 @@ pub struct CniAddEvent {
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Why the agent could not take a pod in: the agent's own error type, boxed so the event
+/// server needs no knowledge of it. Its text is returned to the plugin (HTTP 500).
+pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The agent's side: handles one ADD; `Ok` only once the pod is captured and acked by
-/// ztunnel (or needs no capture). The error text is returned to the plugin (HTTP 500).
+/// ztunnel (or needs no capture).
 pub trait CniAddHandler: Send + Sync + 'static {
-    fn cni_add(&self, event: CniAddEvent) -> BoxFuture<'_, Result<(), String>>;
+    fn cni_add(&self, event: CniAddEvent) -> BoxFuture<'_, Result<(), HandlerError>>;
 }
 
 /// Errors of the plugin event channel, on either end.

@@ -70,6 +70,13 @@ pub enum RedirectError {
         #[source]
         source: std::io::Error,
     },
+    #[cfg(feature = "ebpf")]
+    #[error("eBPF capture in {path} failed: {source}")]
+    Ebpf {
+        path: PathBuf,
+        #[source]
+        source: Box<mesh_ebpf::CaptureError>,
+    },
     #[error("{path} is not a network namespace (setns: {source}); pass /var/run/netns/<name> or /proc/<pid>/ns/net")]
     NotNetns {
         path: PathBuf,
@@ -102,6 +109,8 @@ impl RedirectError {
         match self {
             RedirectError::Netns { .. } => "netns",
             RedirectError::Netlink { .. } => "netlink",
+            #[cfg(feature = "ebpf")]
+            RedirectError::Ebpf { source, .. } => source.reason(),
             RedirectError::NotNetns { .. } => "not_netns",
             RedirectError::Setns { .. } => "setns",
             RedirectError::Thread { .. } => "thread",

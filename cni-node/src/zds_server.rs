@@ -61,8 +61,12 @@ pub enum ZdsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("ztunnel rejected pod {uid}: {error}")]
-    Nack { uid: String, error: String },
+    #[error("ztunnel rejected pod {uid}: {source}")]
+    Nack {
+        uid: String,
+        #[source]
+        source: mesh_zds::Nack,
+    },
     #[error("the ztunnel connection failed before it acked pod {uid}: {detail}")]
     ConnectionLost { uid: String, detail: String },
 }
@@ -91,7 +95,7 @@ struct CachedPod {
 #[derive(Debug)]
 enum Outcome {
     Ack,
-    Nack(String),
+    Nack(mesh_zds::Nack),
     Failed(String),
 }
 
@@ -323,9 +327,9 @@ impl ZdsHandle {
 fn outcome(uid: &str, reply: Result<Outcome, oneshot::error::RecvError>) -> Result<(), ZdsError> {
     match reply {
         Ok(Outcome::Ack) => Ok(()),
-        Ok(Outcome::Nack(error)) => Err(ZdsError::Nack {
+        Ok(Outcome::Nack(source)) => Err(ZdsError::Nack {
             uid: uid.to_string(),
-            error,
+            source,
         }),
         Ok(Outcome::Failed(detail)) => Err(ZdsError::ConnectionLost {
             uid: uid.to_string(),
@@ -433,12 +437,12 @@ async fn send_snapshot(
         };
         let ack = conn::exchange(stream, &encode(payload), fd.as_ref().map(|f| f.as_fd())).await?;
         if let Err(error) = ack {
-            warn!(conn = id, uid, error, "ztunnel NACKed a snapshot pod");
+            warn!(conn = id, uid, %error, "ztunnel NACKed a snapshot pod");
         }
     }
     let payload = Payload::SnapshotSent(SnapshotSent {});
     if let Err(error) = conn::exchange(stream, &encode(payload), None).await? {
-        warn!(conn = id, error, "ztunnel NACKed SnapshotSent");
+        warn!(conn = id, %error, "ztunnel NACKed SnapshotSent");
     }
     info!(conn = id, "snapshot sent to ztunnel");
     Ok(())
@@ -465,7 +469,7 @@ async fn run_job(id: u64, stream: &UnixStream, job: Job) -> Result<(), ConnError
             Ok(())
         }
         Ok(Err(error)) => {
-            warn!(conn = id, uid, kind, error, "ztunnel NACKed");
+            warn!(conn = id, uid, kind, %error, "ztunnel NACKed");
             let _ = reply.send(Outcome::Nack(error));
             Ok(())
         }

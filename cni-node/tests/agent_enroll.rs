@@ -293,7 +293,8 @@ async fn failed_enrollments_leave_nothing_behind() {
         .agent
         .cni_add(node.event("early"))
         .await
-        .expect_err("no ztunnel");
+        .expect_err("no ztunnel")
+        .to_string();
     assert!(err.contains("no ztunnel connection"), "{err}");
     assert!(node.redirector.installed().is_empty(), "capture undone");
     assert!(agent.zds.cached().is_empty(), "not left for the snapshot");
@@ -312,7 +313,8 @@ async fn failed_enrollments_leave_nothing_behind() {
         .agent
         .cni_add(node.event("rules"))
         .await
-        .expect_err("redirect fails");
+        .expect_err("redirect fails")
+        .to_string();
     assert!(err.contains("cannot apply traffic capture"), "{err}");
     assert!(agent.record("rules").await.is_none());
 
@@ -322,7 +324,8 @@ async fn failed_enrollments_leave_nothing_behind() {
         .agent
         .cni_add(node.event("nack"))
         .await
-        .expect_err("nacked");
+        .expect_err("nacked")
+        .to_string();
     assert!(err.contains("test ztunnel rejects this pod"), "{err}");
     assert_eq!(
         node.redirector.calls().last(),
@@ -346,7 +349,8 @@ async fn unknown_pod_fails_after_waiting() {
         .agent
         .cni_add(node.event("ghost"))
         .await
-        .expect_err("no such pod");
+        .expect_err("no such pod")
+        .to_string();
     assert!(started.elapsed() >= Duration::from_secs(2), "waited for it");
     assert!(
         err.contains("apps/ghost is not in the cluster source"),

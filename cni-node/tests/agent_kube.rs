@@ -119,7 +119,8 @@ async fn the_agent_follows_its_nodes_pods_and_annotates_them() {
     let err = agent
         .cni_add(event("elsewhere", &netns))
         .await
-        .expect_err("not this node's pod");
+        .expect_err("not this node's pod")
+        .to_string();
     assert!(err.contains("elsewhere"), "{err}");
     assert!(
         api.requests()

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use cni_node::event::{bind, serve, BoxFuture, CniAddEvent, CniAddHandler};
+use cni_node::event::{bind, serve, BoxFuture, CniAddEvent, CniAddHandler, HandlerError};
 use serde_json::{json, Value};
 
 /// Records events; fails those of pods whose name starts with "fail".
@@ -19,12 +19,12 @@ struct Recorder {
 }
 
 impl CniAddHandler for Recorder {
-    fn cni_add(&self, event: CniAddEvent) -> BoxFuture<'_, Result<(), String>> {
+    fn cni_add(&self, event: CniAddEvent) -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             let fail = event.pod_name.starts_with("fail");
             self.seen.lock().expect("lock").push(event);
             if fail {
-                Err("partial add error: no ztunnel connection".to_owned())
+                Err("partial add error: no ztunnel connection".into())
             } else {
                 Ok(())
             }

@@ -1,7 +1,7 @@
 //! `istio-cni`: the chained CNI plugin the container runtime runs for every pod sandbox
 //! (see `cni_node::plugin`). Reads the network configuration on stdin and `CNI_*` from the
-//! environment; prints the result or the error JSON on stdout; logs to stderr. Synchronous: no
-//! async runtime is started.
+//! environment; prints the result or the error JSON on stdout; logs to stderr. Synchronous
+//! but for the one request to the agent (`cni_node::event::post_add`).
 
 use std::io::{Read, Write};
 

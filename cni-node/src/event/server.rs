@@ -232,9 +232,9 @@ async fn dispatch(body: &[u8], handler: Arc<dyn CniAddHandler>) -> Response<Full
         .await
     {
         Ok(Ok(())) => reply(StatusCode::OK, String::new()),
-        Ok(Err(text)) => {
-            tracing::warn!(%pod, error = %text, "CNI add event failed");
-            reply(StatusCode::INTERNAL_SERVER_ERROR, format!("{text}\n"))
+        Ok(Err(error)) => {
+            tracing::warn!(%pod, %error, "CNI add event failed");
+            reply(StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n"))
         }
         Err(_) => {
             tracing::error!(%pod, "CNI add handler panicked");

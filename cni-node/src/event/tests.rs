@@ -80,18 +80,22 @@ fn decode_errors_name_the_field() {
 }
 
 #[test]
-fn base64_round_trips() {
-    for bytes in [
-        &b""[..],
-        b"\xff",
-        b"\xff\xff",
-        b"\xff\xff\xff\x00",
-        &[0xab; 16],
+fn masks_are_go_base64_bytes() {
+    for (cidr, mask) in [
+        ("10.1.0.5/24", "////AA=="),
+        ("10.1.0.5/32", "/////w=="),
+        ("10.1.0.5/0", "AAAAAA=="),
+        ("fd00::5/64", "//////////8AAAAAAAAAAA=="),
     ] {
-        let text = wire::base64_encode(bytes);
-        assert_eq!(wire::base64_decode(&text).as_deref(), Some(bytes), "{text}");
+        let value = wire::ip_config(cidr).expect("valid");
+        assert_eq!(value["Address"]["Mask"], mask, "{cidr}");
+        assert_eq!(wire::decode_ip(&value).expect("round trip"), cidr);
     }
-    assert_eq!(wire::base64_encode(b"\xff\xff\xff\x00"), "////AA==");
+    let error = wire::decode_ip(&json!({"Address": {"IP": "10.0.0.1", "Mask": "*"}}))
+        .expect_err("not base64");
+    assert_eq!(error.to_string(), "Address.Mask: not base64");
+    let error = parse_cidr("10.0.0.1/33").expect_err("prefix");
+    assert_eq!(error.to_string(), "prefix in \"10.0.0.1/33\" is not 0..=32");
 }
 
 /// Records events; fails those whose pod name starts with "fail".
@@ -101,12 +105,12 @@ struct Recorder {
 }
 
 impl CniAddHandler for Recorder {
-    fn cni_add(&self, event: CniAddEvent) -> BoxFuture<'_, Result<(), String>> {
+    fn cni_add(&self, event: CniAddEvent) -> BoxFuture<'_, Result<(), HandlerError>> {
         Box::pin(async move {
             let fail = event.pod_name.starts_with("fail");
             self.seen.lock().expect("lock").push(event);
             if fail {
-                Err("partial add error: no ztunnel connection".to_owned())
+                Err("partial add error: no ztunnel connection".into())
             } else {
                 Ok(())
             }

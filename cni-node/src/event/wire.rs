@@ -1,11 +1,14 @@
 //! The JSON of `POST /cmdadd` as upstream's Go agent and plugin write it
 //! (`nodeagent.CNIPluginAddEvent`): `{"Netns", "PodName", "PodNamespace", "IPs"}` where each IP
 //! is a Go `IPConfig` whose `Address` is a `net.IPNet`:
-//! `{"Address": {"IP": "10.1.0.5", "Mask": "////AA=="}}` (the mask is base64 bytes). We also
+//! `{"Address": {"IP": "10.1.0.5", "Mask": "////AA=="}}` (the mask is standard base64 bytes,
+//! as Go's `encoding/json` writes `[]byte`). We also
 //! send `PodUID`, which Go ignores. Reading, a plain `"10.1.0.5/24"` string is accepted too.
 
 use std::net::IpAddr;
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine as _;
 use serde::de::Error as _;
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serializer};
@@ -95,58 +98,95 @@ fn decode_ips(value: Option<&Value>) -> Result<Vec<String>, WireError> {
         .iter()
         .enumerate()
         .map(|(index, item)| {
-            decode_ip(item).map_err(|why| wire_error(format!("IPs[{index}]"), why))
+            decode_ip(item).map_err(|why| wire_error(format!("IPs[{index}]"), why.to_string()))
         })
         .collect()
 }
 
-fn decode_ip(item: &Value) -> Result<String, String> {
+/// Why an `address/prefix` is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    #[error("{cidr:?} is not address/prefix")]
+    NoPrefix { cidr: String },
+    #[error("{address:?} in {cidr:?} is not an IP address")]
+    Address { cidr: String, address: String },
+    #[error("prefix in {cidr:?} is not 0..={max}")]
+    Prefix { cidr: String, max: u8 },
+}
+
+/// Why an element of `IPs` is not a Go `IPConfig` (nor `address/prefix`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum IpConfigError {
+    #[error(transparent)]
+    Cidr(#[from] CidrError),
+    #[error("Address: expected an object {{\"IP\", \"Mask\"}}")]
+    NoAddress,
+    #[error("Address.IP: expected a string")]
+    NoIp,
+    #[error("Address.IP: {0:?} is not an IP address")]
+    BadIp(String),
+    #[error("Address.Mask: expected a base64 string")]
+    NoMask,
+    #[error("Address.Mask: not base64")]
+    MaskNotBase64,
+    #[error("Address.Mask: not a contiguous netmask of the address's family")]
+    BadMask,
+    #[error("expected an IPConfig object or \"address/prefix\", got {0}")]
+    Shape(String),
+}
+
+pub(super) fn decode_ip(item: &Value) -> Result<String, IpConfigError> {
     match item {
-        Value::String(cidr) => parse_cidr(cidr).map(|_| cidr.clone()),
+        Value::String(cidr) => Ok(parse_cidr(cidr).map(|_| cidr.clone())?),
         Value::Object(config) => {
             let address = config
                 .get("Address")
                 .and_then(Value::as_object)
-                .ok_or("Address: expected an object {\"IP\", \"Mask\"}")?;
-            let ip: IpAddr = address
+                .ok_or(IpConfigError::NoAddress)?;
+            let ip = address
                 .get("IP")
                 .and_then(Value::as_str)
-                .ok_or("Address.IP: expected a string")?
+                .ok_or(IpConfigError::NoIp)?;
+            let ip: IpAddr = ip
                 .parse()
-                .map_err(|_| "Address.IP: not an IP address")?;
+                .map_err(|_| IpConfigError::BadIp(ip.to_owned()))?;
             let mask = address
                 .get("Mask")
                 .and_then(Value::as_str)
-                .ok_or("Address.Mask: expected a base64 string")?;
-            let mask = base64_decode(mask).ok_or("Address.Mask: not base64")?;
-            let prefix = mask_prefix(ip, &mask).ok_or("Address.Mask: not a contiguous netmask")?;
+                .ok_or(IpConfigError::NoMask)?;
+            let mask = BASE64
+                .decode(mask)
+                .map_err(|_| IpConfigError::MaskNotBase64)?;
+            let prefix = mask_prefix(ip, &mask).ok_or(IpConfigError::BadMask)?;
             Ok(format!("{ip}/{prefix}"))
         }
-        other => Err(format!(
-            "expected an IPConfig object or \"address/prefix\", got {other}"
-        )),
+        other => Err(IpConfigError::Shape(other.to_string())),
     }
 }
 
 /// Parses `address/prefix` (the prefix within the family's bits).
-pub fn parse_cidr(cidr: &str) -> Result<(IpAddr, u8), String> {
-    let (ip, prefix) = cidr
-        .split_once('/')
-        .ok_or_else(|| format!("{cidr:?} is not address/prefix"))?;
-    let ip: IpAddr = ip
-        .parse()
-        .map_err(|_| format!("{ip:?} in {cidr:?} is not an IP address"))?;
+pub fn parse_cidr(cidr: &str) -> Result<(IpAddr, u8), CidrError> {
+    let (address, prefix) = cidr.split_once('/').ok_or_else(|| CidrError::NoPrefix {
+        cidr: cidr.to_owned(),
+    })?;
+    let ip: IpAddr = address.parse().map_err(|_| CidrError::Address {
+        cidr: cidr.to_owned(),
+        address: address.to_owned(),
+    })?;
     let max = if ip.is_ipv4() { 32 } else { 128 };
     let prefix: u8 = prefix
         .parse()
         .ok()
         .filter(|prefix| *prefix <= max)
-        .ok_or_else(|| format!("prefix in {cidr:?} is not 0..={max}"))?;
+        .ok_or_else(|| CidrError::Prefix {
+            cidr: cidr.to_owned(),
+            max,
+        })?;
     Ok((ip, prefix))
 }
 
 /// The Go `IPConfig` of `address/prefix`.
-fn ip_config(cidr: &str) -> Result<Value, String> {
+pub(super) fn ip_config(cidr: &str) -> Result<Value, CidrError> {
     let (ip, prefix) = parse_cidr(cidr)?;
     let bytes = if ip.is_ipv4() { 4 } else { 16 };
     let mask: Vec<u8> = (0..bytes)
@@ -156,7 +196,7 @@ fn ip_config(cidr: &str) -> Result<Value, String> {
             (0xff00u16 >> ones) as u8
         })
         .collect();
-    Ok(json!({"Address": {"IP": ip.to_string(), "Mask": base64_encode(&mask)}}))
+    Ok(json!({"Address": {"IP": ip.to_string(), "Mask": BASE64.encode(&mask)}}))
 }
 
 /// The prefix length of a contiguous netmask (Go uses 16-byte masks for IPv4 sometimes).
@@ -173,40 +213,4 @@ fn mask_prefix(ip: IpAddr, mask: &[u8]) -> Option<u8> {
         _ => return None,
     };
     contiguous.then(|| u8::try_from(ones).ok()).flatten()
-}
-
-const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/// Standard base64 with padding, as Go's `encoding/json` writes `[]byte`.
-pub(crate) fn base64_encode(bytes: &[u8]) -> String {
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let word = chunk.iter().enumerate().fold(0u32, |word, (index, byte)| {
-            word | u32::from(*byte) << (16 - 8 * index)
-        });
-        for index in 0..4 {
-            if index <= chunk.len() {
-                out.push(char::from(BASE64[(word >> (18 - 6 * index) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-pub(crate) fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    let text = text.trim_end_matches('=');
-    let mut out = Vec::new();
-    let (mut word, mut bits) = (0u32, 0u32);
-    for byte in text.bytes() {
-        let value = BASE64.iter().position(|c| *c == byte)?;
-        word = word << 6 | u32::try_from(value).ok()?;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push(u8::try_from(word >> bits & 0xff).ok()?);
-        }
-    }
-    Some(out)
 }

@@ -69,7 +69,8 @@ impl NetConf {
                     .get("address")
                     .and_then(Value::as_str)
                     .ok_or_else(|| invalid(&field, "expected a string \"address/prefix\""))?;
-                crate::event::parse_cidr(address).map_err(|why| invalid(&field, why))?;
+                crate::event::parse_cidr(address)
+                    .map_err(|why| invalid(&field, why.to_string()))?;
                 Ok(address.to_owned())
             })
             .collect()

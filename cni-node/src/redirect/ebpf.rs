@@ -70,10 +70,9 @@ fn redirect_error(netns: &Path, error: CaptureError) -> RedirectError {
             path,
             source,
         },
-        other => RedirectError::Netlink {
-            what: "load the eBPF capture programs",
+        source => RedirectError::Ebpf {
             path,
-            source: std::io::Error::other(other),
+            source: Box::new(source),
         },
     }
 }

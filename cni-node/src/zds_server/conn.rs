@@ -25,6 +25,12 @@ pub(crate) enum ConnError {
     Timeout { what: &'static str },
     #[error("ztunnel closed the connection")]
     Closed,
+    #[error("bad {what} from ztunnel: {source}")]
+    Malformed {
+        what: &'static str,
+        #[source]
+        source: mesh_zds::DecodeError,
+    },
     #[error("bad {what} from ztunnel: {detail}")]
     Protocol { what: &'static str, detail: String },
 }
@@ -35,7 +41,7 @@ impl ConnError {
             ConnError::Io { .. } => "io",
             ConnError::Timeout { .. } => "timeout",
             ConnError::Closed => "closed",
-            ConnError::Protocol { .. } => "protocol",
+            ConnError::Malformed { .. } | ConnError::Protocol { .. } => "protocol",
         }
     }
 }
@@ -86,22 +92,22 @@ pub(crate) async fn recv_deadline(
 /// Reads and checks `ZdsHello{V1}`.
 pub(crate) async fn read_hello(conn: &UnixStream) -> Result<(), ConnError> {
     let bytes = recv_deadline(conn, "hello").await?;
-    mesh_zds::decode_hello(&bytes).map_err(|detail| ConnError::Protocol {
+    mesh_zds::decode_hello(&bytes).map_err(|source| ConnError::Malformed {
         what: "hello",
-        detail,
+        source,
     })
 }
 
-/// Sends one request and waits for its ack: `Ok(Ok(()))` = ACK, `Ok(Err(text))` = NACK.
+/// Sends one request and waits for its ack: `Ok(Ok(()))` = ACK, `Ok(Err(nack))` = NACK.
 pub(crate) async fn exchange(
     conn: &UnixStream,
     bytes: &[u8],
     fd: Option<BorrowedFd<'_>>,
-) -> Result<Result<(), String>, ConnError> {
+) -> Result<mesh_zds::AckResult, ConnError> {
     send(conn, bytes, fd).await?;
     let buf = recv_deadline(conn, "ack").await?;
-    mesh_zds::decode_ack(&buf).map_err(|detail| ConnError::Protocol {
+    mesh_zds::decode_ack(&buf).map_err(|source| ConnError::Malformed {
         what: "ack",
-        detail,
+        source,
     })
 }

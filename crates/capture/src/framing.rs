@@ -26,8 +26,9 @@ pub fn socket(protocol: isize, timeout: Duration) -> io::Result<Socket> {
     Ok(socket)
 }
 
-/// A message whose header does not fit the datagram: where it starts and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A message that does not parse: where it starts and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("message at byte {offset}: {reason}")]
 pub struct BadMessage {
     pub offset: usize,
     pub reason: String,

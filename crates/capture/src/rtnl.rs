@@ -15,7 +15,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket};
 use nix::errno::Errno;
 
-use crate::framing;
+use crate::framing::{self, BadMessage};
 
 pub use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 
@@ -41,10 +41,11 @@ pub enum RtnlError {
         #[source]
         source: io::Error,
     },
-    #[error("{operation}: unreadable netlink answer: {reason}")]
+    #[error("{operation}: unreadable netlink answer: {source}")]
     Malformed {
         operation: &'static str,
-        reason: String,
+        #[source]
+        source: BadMessage,
     },
 }
 
@@ -132,11 +133,10 @@ pub struct Received {
 
 /// Decodes every message of one datagram from the kernel. Anything that does not parse is an
 /// error naming the offset; nothing panics on hostile bytes.
-pub fn decode(datagram: &[u8]) -> Result<Vec<Received>, String> {
+pub fn decode(datagram: &[u8]) -> Result<Vec<Received>, BadMessage> {
     let mut out = Vec::new();
     for message in framing::messages(datagram) {
-        let (offset, buffer) =
-            message.map_err(|bad| format!("message at byte {}: {}", bad.offset, bad.reason))?;
+        let (offset, buffer) = message?;
         let seq = buffer.sequence_number();
         let multipart = buffer.flags() & NLM_F_MULTIPART != 0;
         let message_type = buffer.message_type();
@@ -158,7 +158,12 @@ pub fn decode(datagram: &[u8]) -> Result<Vec<Received>, String> {
                 payload: NetlinkBuffer::new(bytes).payload().to_vec(),
                 reason: error.to_string(),
             }),
-            Err(error) => return Err(format!("message at byte {offset}: {error}")),
+            Err(error) => {
+                return Err(BadMessage {
+                    offset,
+                    reason: error.to_string(),
+                })
+            }
         };
         out.push(Received {
             seq,
@@ -240,7 +245,7 @@ impl Rtnl {
                 .map_err(|source| RtnlError::Io { operation, source })?;
             let datagram = self.buf.get(..len).unwrap_or(&self.buf);
             let received =
-                decode(datagram).map_err(|reason| RtnlError::Malformed { operation, reason })?;
+                decode(datagram).map_err(|source| RtnlError::Malformed { operation, source })?;
             for Received {
                 seq: msg_seq,
                 multipart,
@@ -350,7 +355,7 @@ mod tests {
             NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(LinkMessage::default())),
         );
         let error = decode(&datagram[..datagram.len() - 3]).expect_err("truncated");
-        assert!(error.contains("byte 0"), "{error}");
+        assert!(error.to_string().contains("byte 0"), "{error}");
         let mut lying = datagram.clone();
         lying[0..4].copy_from_slice(&u32::MAX.to_ne_bytes());
         assert!(decode(&lying).is_err());
@@ -358,7 +363,9 @@ mod tests {
         two.extend_from_slice(&[1, 2, 3]);
         let error = decode(&two).expect_err("trailing garbage");
         assert!(
-            error.contains(&format!("byte {}", datagram.len())),
+            error
+                .to_string()
+                .contains(&format!("byte {}", datagram.len())),
             "{error}"
         );
     }

@@ -49,8 +49,12 @@ pub enum FakeZdsError {
     NotConnected,
     #[error("ztunnel closed the connection")]
     Closed,
-    #[error("bad {what} from ztunnel: {detail}")]
-    Protocol { what: &'static str, detail: String },
+    #[error("bad {what} from ztunnel: {source}")]
+    Malformed {
+        what: &'static str,
+        #[source]
+        source: mesh_zds::DecodeError,
+    },
 }
 
 impl FakeZdsError {
@@ -62,12 +66,12 @@ impl FakeZdsError {
             FakeZdsError::Timeout { .. } => "timeout",
             FakeZdsError::NotConnected => "not_connected",
             FakeZdsError::Closed => "closed",
-            FakeZdsError::Protocol { .. } => "protocol",
+            FakeZdsError::Malformed { .. } => "protocol",
         }
     }
 }
 
-/// The result of one request: `Ok(())` = ACK, `Err(text)` = NACK with its error text.
+/// The result of one request: `Ok(())` = ACK, `Err(nack)` = NACK with ztunnel's error text.
 pub type AckResult = mesh_zds::AckResult;
 
 /// One pod of the snapshot.
@@ -299,9 +303,9 @@ async fn handshake(
     snapshot: &[SnapshotItem],
 ) -> Result<Vec<AckResult>, FakeZdsError> {
     let hello = recv_datagram(conn, "hello").await?;
-    mesh_zds::decode_hello(&hello).map_err(|detail| FakeZdsError::Protocol {
+    mesh_zds::decode_hello(&hello).map_err(|source| FakeZdsError::Malformed {
         what: "hello",
-        detail,
+        source,
     })?;
     let mut acks = Vec::new();
     for item in snapshot {
@@ -347,8 +351,8 @@ async fn recv_datagram(conn: &UnixStream, what: &'static str) -> Result<Vec<u8>,
 
 async fn recv_ack(conn: &UnixStream) -> Result<AckResult, FakeZdsError> {
     let buf = recv_datagram(conn, "ack").await?;
-    mesh_zds::decode_ack(&buf).map_err(|detail| FakeZdsError::Protocol {
+    mesh_zds::decode_ack(&buf).map_err(|source| FakeZdsError::Malformed {
         what: "ack",
-        detail,
+        source,
     })
 }

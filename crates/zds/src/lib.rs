@@ -15,8 +15,28 @@ use prost::Message;
 use tokio::io::Interest;
 use tokio::net::UnixStream;
 
-/// What ztunnel answered to one request: `Ok(())` = ACK, `Err(text)` = NACK.
-pub type AckResult = Result<(), String>;
+/// What ztunnel answered to one request: `Ok(())` = ACK, `Err` = NACK.
+pub type AckResult = Result<(), Nack>;
+
+/// ztunnel refused a request (a NACK); the text is its own error message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Nack(pub String);
+
+/// Why a datagram from ztunnel is not the message expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not a {message} protobuf: {source}")]
+    Protobuf {
+        message: &'static str,
+        #[source]
+        source: prost::DecodeError,
+    },
+    #[error("version {0} (only V1 = 1 is supported)")]
+    Version(i32),
+    #[error("WorkloadResponse without payload")]
+    NoPayload,
+}
 
 /// Creates the listening socket at `path` (its directory too), replacing a stale socket file.
 /// It is registered with Tokio as a `UnixStream` only for readiness; [`accept`] does the work.
@@ -92,26 +112,28 @@ pub async fn recv(conn: &UnixStream, max: usize) -> io::Result<Vec<u8>> {
     .await
 }
 
-/// Decodes ztunnel's first datagram, `ZdsHello`, and checks it asks for V1; `Err` says what is
-/// wrong with it.
-pub fn decode_hello(bytes: &[u8]) -> Result<(), String> {
-    let hello = ZdsHello::decode(bytes).map_err(|e| e.to_string())?;
+/// Decodes ztunnel's first datagram, `ZdsHello`, and checks it asks for V1.
+pub fn decode_hello(bytes: &[u8]) -> Result<(), DecodeError> {
+    let hello = ZdsHello::decode(bytes).map_err(|source| DecodeError::Protobuf {
+        message: "ZdsHello",
+        source,
+    })?;
     if hello.version != Version::V1 as i32 {
-        return Err(format!(
-            "version {} (only V1 = 1 is supported)",
-            hello.version
-        ));
+        return Err(DecodeError::Version(hello.version));
     }
     Ok(())
 }
 
-/// Decodes ztunnel's `WorkloadResponse`; `Err` says what is wrong with it.
-pub fn decode_ack(bytes: &[u8]) -> Result<AckResult, String> {
-    let response = WorkloadResponse::decode(bytes).map_err(|e| e.to_string())?;
+/// Decodes ztunnel's `WorkloadResponse`: an ACK or a NACK.
+pub fn decode_ack(bytes: &[u8]) -> Result<AckResult, DecodeError> {
+    let response = WorkloadResponse::decode(bytes).map_err(|source| DecodeError::Protobuf {
+        message: "WorkloadResponse",
+        source,
+    })?;
     match response.payload {
         Some(workload_response::Payload::Ack(ack)) if ack.error.is_empty() => Ok(Ok(())),
-        Some(workload_response::Payload::Ack(ack)) => Ok(Err(ack.error)),
-        None => Err("WorkloadResponse without payload".to_string()),
+        Some(workload_response::Payload::Ack(ack)) => Ok(Err(Nack(ack.error))),
+        None => Err(DecodeError::NoPayload),
     }
 }
 
@@ -129,7 +151,7 @@ mod tests {
         assert_eq!(decode_hello(&v1.encode_to_vec()), Ok(()));
         let v0 = ZdsHello { version: 0 };
         let err = decode_hello(&v0.encode_to_vec()).expect_err("not V1");
-        assert!(err.contains("version 0") && err.contains("V1"), "{err}");
+        assert_eq!(err.to_string(), "version 0 (only V1 = 1 is supported)");
         assert!(decode_hello(&[0xff, 0xff]).is_err(), "garbage");
     }
 
@@ -172,10 +194,10 @@ mod tests {
         assert_eq!(decode_ack(&ack("").encode_to_vec()), Ok(Ok(())));
         assert_eq!(
             decode_ack(&ack("no netns").encode_to_vec()),
-            Ok(Err("no netns".to_string()))
+            Ok(Err(Nack("no netns".to_string())))
         );
         let empty = WorkloadResponse { payload: None }.encode_to_vec();
-        assert!(decode_ack(&empty).is_err());
+        assert_eq!(decode_ack(&empty), Err(DecodeError::NoPayload));
         assert!(decode_ack(&[0xff, 0xff]).is_err());
     }
 }

@@ -367,7 +367,7 @@ async fn bad_requests_are_nacked_and_the_connection_kept() {
     h.wait_ready(true).await;
 
     let nack = zds.send_raw(b"\xff\xff\xff garbage", None).await;
-    let nack = nack.expect("ack").expect_err("garbage NACKed");
+    let nack = nack.expect("ack").expect_err("garbage NACKed").0;
     assert!(nack.contains("cannot decode WorkloadRequest"), "{nack}");
 
     let long = vec![0u8; 2000];
@@ -375,12 +375,13 @@ async fn bad_requests_are_nacked_and_the_connection_kept() {
         .send_raw(&long, None)
         .await
         .expect("ack")
-        .expect_err("NACK");
+        .expect_err("NACK")
+        .0;
     assert!(nack.contains("truncated"), "{nack}");
 
     let file = tempfile::NamedTempFile::new().expect("temp file");
     let nack = zds.add("p1", pod("p1"), file.as_file()).await;
-    let nack = nack.expect("ack").expect_err("regular file NACKed");
+    let nack = nack.expect("ack").expect_err("regular file NACKed").0;
     assert!(nack.contains("not a network namespace"), "{nack}");
     assert!(nack.contains("a regular file"), "{nack}");
     assert!(nack.contains("p1"), "{nack}");
@@ -392,7 +393,7 @@ async fn bad_requests_are_nacked_and_the_connection_kept() {
         })),
     };
     let nack = zds.send_raw(&no_fd.encode_to_vec(), None).await;
-    let nack = nack.expect("ack").expect_err("Add without fd NACKed");
+    let nack = nack.expect("ack").expect_err("Add without fd NACKed").0;
     assert!(nack.contains("carries no netns fd"), "{nack}");
 
     let keep = WorkloadRequest {
@@ -401,7 +402,10 @@ async fn bad_requests_are_nacked_and_the_connection_kept() {
         })),
     };
     let nack = zds.send_raw(&keep.encode_to_vec(), None).await;
-    let nack = nack.expect("ack").expect_err("Keep after snapshot NACKed");
+    let nack = nack
+        .expect("ack")
+        .expect_err("Keep after snapshot NACKed")
+        .0;
     assert!(nack.contains("only valid in a snapshot"), "{nack}");
 
     // The connection still works.
@@ -507,9 +511,10 @@ async fn two_managers_bind_the_same_pod_with_reuse_port() {
     let c = start_manager(&uds_c, "c", false);
     zds_c.wait_snapshots(1).await.expect("snapshot c");
     let acks = zds_c.snapshot_acks();
-    let nack = acks[0]
+    let nack = &acks[0]
         .as_ref()
-        .expect_err("bind without SO_REUSEPORT fails");
+        .expect_err("bind without SO_REUSEPORT fails")
+        .0;
     assert!(nack.contains("binding port 15001"), "{nack}");
     assert_eq!(c.states(), vec![("p1".to_string(), ProxyState::Pending)]);
     assert!(!*c.status.snapshot_received().borrow());
