@@ -1,5 +1,6 @@
 //! The agent end to end in one process: a YAML cluster directory as the source, the real
-//! ZDS server with a test ztunnel, a recording redirector, and the state directory.
+//! ZDS server with a test ztunnel, a recording redirector (the real nftables one where a
+//! test says so), and the state directory.
 
 mod agent_support;
 
@@ -10,10 +11,15 @@ use std::time::Duration;
 use agent_support::{AutoZtunnel, Call, RecordingRedirector, TestZtunnel, WAIT};
 use cni_node::agent::{Agent, AgentOptions, RestoreSummary};
 use cni_node::event::{CniAddEvent, CniAddHandler};
+use cni_node::redirect::{
+    HostProbeConfig, HostProbeSnat, NftablesRedirector, PodNetwork, RedirectError, Redirector,
+    WithProbeSnat, HOST_TABLE, PROBE_SET_V4,
+};
 use cni_node::state::{PodRecord, Redirection, StateStore};
 use cni_node::zds_server::{ZdsHandle, ZdsServer};
 use mesh_runtime::signal::{self, ShutdownTrigger};
 use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource};
+use mesh_testutil::netns::{have_root, Netns, TestNet};
 use mesh_testutil::{namespace_yaml, pod_yaml, ClusterDir, PodSpec};
 use tokio::task::JoinHandle;
 
@@ -25,6 +31,8 @@ struct Node {
     cluster: ClusterDir,
     dir: tempfile::TempDir,
     redirector: Arc<RecordingRedirector>,
+    /// When set, the agent captures with this one instead of `redirector`.
+    real_redirector: Option<Arc<dyn Redirector>>,
     /// With it the agent runs as `node1` and looks up unrecorded pods in this procfs.
     proc_dir: Option<PathBuf>,
 }
@@ -35,6 +43,7 @@ impl Node {
             cluster: ClusterDir::new(),
             dir: tempfile::tempdir().expect("tempdir"),
             redirector: Arc::new(RecordingRedirector::default()),
+            real_redirector: None,
             proc_dir: None,
         }
     }
@@ -94,7 +103,11 @@ impl Node {
             options.node_name = Some("node1".to_string());
             options.host_proc = proc_dir.clone();
         }
-        let agent = Agent::new(options, self.redirector.clone(), zds.clone());
+        let redirector = match &self.real_redirector {
+            Some(real) => Arc::clone(real),
+            None => self.redirector.clone(),
+        };
+        let agent = Agent::new(options, redirector, zds.clone());
         let summary = agent.restore().await.expect("restore");
         let (trigger, shutdown) = signal::channel();
         let (tx, events) = tokio::sync::mpsc::channel(256);
@@ -337,6 +350,108 @@ async fn failed_enrollments_leave_nothing_behind() {
     assert!(agent.zds.cached().is_empty());
     assert!(agent.agent.pods().await.is_empty());
     assert!(saved(&node).is_empty(), "nothing recorded");
+    agent.stop().await;
+}
+
+/// The real capture (nftables in the pod, the probe SNAT set on the node), after which the
+/// pod's netns is deleted, as when its sandbox dies while the agent enrolls it.
+struct VanishesAfterCapture {
+    real: WithProbeSnat,
+    netns: Netns,
+}
+
+impl Redirector for VanishesAfterCapture {
+    fn enroll(&self, pod: &PodNetwork) -> Result<(), RedirectError> {
+        self.real.enroll(pod)?;
+        self.netns
+            .delete()
+            .map_err(|error| RedirectError::Netns {
+                path: pod.netns.clone(),
+                source: std::io::Error::other(error),
+            })
+    }
+
+    fn unenroll(&self, pod: &PodNetwork) -> Result<(), RedirectError> {
+        self.real.unenroll(pod)
+    }
+
+    fn is_enrolled(&self, pod: &PodNetwork) -> Result<bool, RedirectError> {
+        self.real.is_enrolled(pod)
+    }
+
+    fn name(&self) -> &'static str {
+        self.real.name()
+    }
+}
+
+fn probe_set(node: &Netns) -> String {
+    node.exec_ok(
+        "nft",
+        &["list", "set", "inet", HOST_TABLE, PROBE_SET_V4],
+    )
+    .expect("nft list set")
+}
+
+#[tokio::test]
+async fn a_netns_that_vanishes_mid_enrollment_is_rolled_back_and_reported() {
+    if !have_root("a_netns_that_vanishes_mid_enrollment_is_rolled_back_and_reported") {
+        return;
+    }
+    let mut net = TestNet::new("van").expect("test network");
+    let host = net
+        .add_node("node", std::net::Ipv4Addr::new(172, 30, 0, 11))
+        .expect("node");
+    let pod = net
+        .add_pod(&host, "vanishing", std::net::Ipv4Addr::new(10, 1, 0, 5))
+        .expect("pod");
+    let probes = HostProbeSnat::in_netns(
+        HostProbeConfig {
+            ipv6: false,
+            ..HostProbeConfig::default()
+        },
+        host.netns().path(),
+    );
+    let real = WithProbeSnat::new(Arc::new(NftablesRedirector::new()), probes).expect("probes");
+    let mut node = Node::new();
+    node.real_redirector = Some(Arc::new(VanishesAfterCapture {
+        real,
+        netns: pod.netns().clone(),
+    }));
+    node.write_namespace(&[AMBIENT]);
+    node.write_pod("vanishing", &[]);
+    let (agent, _) = node.start().await;
+    let (zt, _task) = AutoZtunnel::spawn(&node.socket());
+    zt.wait_for("snapshot-sent").await;
+
+    let netns = pod.netns().path();
+    let event = CniAddEvent {
+        netns: netns.display().to_string(),
+        ..node.event("vanishing")
+    };
+    let err = agent
+        .agent
+        .cni_add(event)
+        .await
+        .expect_err("the netns is gone before ztunnel gets it")
+        .to_string();
+    assert!(
+        err.contains("apps/vanishing") && err.contains(&netns.display().to_string()),
+        "names the pod and its netns: {err}"
+    );
+    // Rolled back: the node's probe set no longer lists the pod, nothing is recorded as
+    // enrolled, ztunnel was not told to add it, and the snapshot will not carry it.
+    let set = probe_set(host.netns());
+    assert!(!set.contains("10.1.0.5"), "{set}");
+    let record = agent.record("vanishing").await;
+    assert!(
+        record.as_ref().is_none_or(|r| r.redirection.is_none()),
+        "{record:?}"
+    );
+    assert!(!zt.log().iter().any(|line| line.starts_with("add")), "{:?}", zt.log());
+    assert!(agent.zds.cached().is_empty());
+    assert!(saved(&node)
+        .iter()
+        .all(|r| r.name != "vanishing" || r.redirection.is_none()));
     agent.stop().await;
 }
 

@@ -2,7 +2,7 @@
 //! outbound and inbound TCP reach listeners on 15001 / 15006 inside it (marked and made like
 //! ztunnel's) with the original destination as their local address; marked sockets, 15008 and
 //! the probe source bypass; no listener fails closed; unenroll restores direct traffic;
-//! enrolling twice leaves one set of filters.
+//! enrolling twice leaves one set of filters; a failure part-way is undone.
 #![cfg(feature = "ebpf")]
 
 use std::io::{ErrorKind, Read, Write};
@@ -303,6 +303,73 @@ fn enroll_is_idempotent_and_unenroll_restores_direct_traffic() {
     echo(&mut inbound);
     assert_eq!(app.accepted(), 1);
     assert!(accept(&outbound).is_none());
+}
+
+#[test]
+fn a_failure_part_way_through_enrollment_is_undone() {
+    if !have_root("a_failure_part_way_through_enrollment_is_undone") {
+        return;
+    }
+    let (_net, a, _, _) = net();
+    let (pod, ns) = (pod_network(&a), a.netns());
+    // Someone else's u32 filter holds our priority on the pod interface's egress: that
+    // attach fails after lo's filter, the policy routing and the interface's ingress filter
+    // are in place.
+    ns.exec_ok("tc", &["qdisc", "add", "dev", a.iface(), "clsact"])
+        .expect("clsact");
+    ns.exec_ok(
+        "tc",
+        &[
+            "filter",
+            "add",
+            "dev",
+            a.iface(),
+            "egress",
+            "pref",
+            "1337",
+            "protocol",
+            "all",
+            "u32",
+            "match",
+            "u32",
+            "0",
+            "0",
+        ],
+    )
+    .expect("foreign filter");
+    let foreign = tc_filters(ns, a.iface(), "egress");
+
+    let error = redirector()
+        .enroll(&pod)
+        .expect_err("our priority is taken");
+    let text = error.to_string();
+    assert!(
+        text.contains(a.iface()) && text.contains("mesh_capture_out"),
+        "names the interface and the program: {text}"
+    );
+
+    // Everything of ours is gone again (accept_local was set to 1 before the failure); the
+    // foreign filter and its qdisc stay.
+    assert_eq!(tc_filters(ns, a.iface(), "egress"), foreign);
+    assert!(tc_filters(ns, a.iface(), "ingress").trim().is_empty());
+    assert!(tc_filters(ns, "lo", "ingress").trim().is_empty());
+    let qdiscs = ns.exec_ok("tc", &["qdisc", "show"]).expect("tc qdisc");
+    assert_eq!(qdiscs.matches("clsact").count(), 1, "{qdiscs}");
+    assert!(ns
+        .ip(&["rule", "show", "pref", "32763"])
+        .expect("rule")
+        .trim()
+        .is_empty());
+    assert!(ns
+        .ip(&["route", "show", "table", "101"])
+        .expect("route")
+        .trim()
+        .is_empty());
+    assert_eq!(
+        ns.sysctl_get("net.ipv4.conf.lo.accept_local")
+            .expect("sysctl"),
+        "0"
+    );
 }
 
 #[test]

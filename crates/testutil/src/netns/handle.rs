@@ -34,6 +34,12 @@ impl Netns {
         PathBuf::from(NETNS_DIR).join(&self.name)
     }
 
+    /// Deletes the namespace now (`ip netns del`), as when a pod's sandbox dies; its
+    /// topology's teardown skips what is already gone.
+    pub fn delete(&self) -> Result<(), NetnsError> {
+        cmd::ip(None, &["netns", "del", &self.name]).map(|_| ())
+    }
+
     /// Opens the namespace (e.g. to hand it over to ztunnel as a ZDS `AddWorkload` fd).
     pub fn open_fd(&self) -> Result<OwnedFd, NetnsError> {
         let path = self.path();
