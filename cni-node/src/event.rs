@@ -1,7 +1,7 @@
 //! The plugin -> agent protocol: one HTTP POST per CNI ADD on a unix socket, as istio-cni's
 //! `pluginevent.sock`.
 //!
-//! - [`post_add`]: the plugin's blocking client (hyper on a runtime of its own).
+//! - [`post_add`]: the plugin's blocking client (hyper on a blocking socket, no runtime).
 //! - [`bind`] and [`serve`]: the agent's server (hyper), answering 200 once its
 //!   [`CniAddHandler`] succeeded and 500 with the handler's text otherwise.
 //! - The JSON is upstream's (`nodeagent.CNIPluginAddEvent`, see `wire`), so a Go agent or

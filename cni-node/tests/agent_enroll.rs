@@ -363,12 +363,10 @@ struct VanishesAfterCapture {
 impl Redirector for VanishesAfterCapture {
     fn enroll(&self, pod: &PodNetwork) -> Result<(), RedirectError> {
         self.real.enroll(pod)?;
-        self.netns
-            .delete()
-            .map_err(|error| RedirectError::Netns {
-                path: pod.netns.clone(),
-                source: std::io::Error::other(error),
-            })
+        self.netns.delete().map_err(|error| RedirectError::Netns {
+            path: pod.netns.clone(),
+            source: std::io::Error::other(error),
+        })
     }
 
     fn unenroll(&self, pod: &PodNetwork) -> Result<(), RedirectError> {
@@ -385,11 +383,8 @@ impl Redirector for VanishesAfterCapture {
 }
 
 fn probe_set(node: &Netns) -> String {
-    node.exec_ok(
-        "nft",
-        &["list", "set", "inet", HOST_TABLE, PROBE_SET_V4],
-    )
-    .expect("nft list set")
+    node.exec_ok("nft", &["list", "set", "inet", HOST_TABLE, PROBE_SET_V4])
+        .expect("nft list set")
 }
 
 #[tokio::test]
@@ -447,7 +442,11 @@ async fn a_netns_that_vanishes_mid_enrollment_is_rolled_back_and_reported() {
         record.as_ref().is_none_or(|r| r.redirection.is_none()),
         "{record:?}"
     );
-    assert!(!zt.log().iter().any(|line| line.starts_with("add")), "{:?}", zt.log());
+    assert!(
+        !zt.log().iter().any(|line| line.starts_with("add")),
+        "{:?}",
+        zt.log()
+    );
     assert!(agent.zds.cached().is_empty());
     assert!(saved(&node)
         .iter()

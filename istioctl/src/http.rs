@@ -157,7 +157,9 @@ async fn fetch(addr: &str, path: &str) -> Result<Vec<u8>, HttpError> {
         return Err(HttpError::Status {
             addr: addr.to_string(),
             path: path.to_string(),
-            status: format!("{} {reason}", status.as_u16()).trim_end().to_owned(),
+            status: format!("{} {reason}", status.as_u16())
+                .trim_end()
+                .to_owned(),
             body: String::from_utf8_lossy(&body).trim().to_string(),
         });
     }

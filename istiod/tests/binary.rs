@@ -46,7 +46,11 @@ fn answers_ready(port: u16) -> bool {
     };
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     runtime
-        .block_on(mesh_testutil::http_get(addr, "/ready", Duration::from_secs(2)))
+        .block_on(mesh_testutil::http_get(
+            addr,
+            "/ready",
+            Duration::from_secs(2),
+        ))
         .is_ok_and(|response| response.status == 200)
 }
 

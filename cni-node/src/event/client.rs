@@ -1,64 +1,80 @@
-//! The plugin's side: one `POST /cmdadd` over the agent's unix socket, with hyper's HTTP/1.1
-//! client on a runtime of its own (the plugin is otherwise synchronous).
+//! The plugin's side: one `POST /cmdadd` over the agent's unix socket with hyper's HTTP/1.1
+//! client. The plugin is a short-lived synchronous process on the pod-creation path, so no
+//! async runtime is started: hyper drives a blocking socket (each read and write may wait for
+//! what is left of one overall deadline) under a minimal executor.
 
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::time::Duration;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::future::{self, Either};
 use http::{header, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
 
 use super::{CniAddEvent, EventError, CMD_ADD_PATH};
 
 /// Most bytes of a response body we read (the agent's error text).
 const MAX_RESPONSE_BODY: usize = 1024 * 1024;
 
+/// Most bytes one read takes from the socket.
+const READ_CHUNK: usize = 16 * 1024;
+
 /// Sends `event` to the agent listening on `socket` and waits, at most `timeout` in all, for
-/// its answer: `Ok` only on `200 OK`. Must not be called from within a tokio runtime.
+/// its answer: `Ok` only on `200 OK`.
 pub fn post_add(socket: &Path, event: &CniAddEvent, timeout: Duration) -> Result<(), EventError> {
+    let deadline = Instant::now() + timeout;
     let body = serde_json::to_vec(event).map_err(EventError::Encode)?;
-    let io = |op: &'static str| {
-        move |source: std::io::Error| EventError::Io {
-            socket: socket.to_path_buf(),
-            op,
-            source,
-        }
-    };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(io("start a runtime to talk to"))?;
-    runtime.block_on(async {
-        match tokio::time::timeout(timeout, exchange(socket, body)).await {
-            Ok(result) => result,
-            Err(_) => Err(EventError::Timeout {
+    let stream = UnixStream::connect(socket).map_err(|source| EventError::Connect {
+        socket: socket.to_path_buf(),
+        source,
+    })?;
+    let result = futures::executor::block_on(exchange(
+        socket,
+        BlockingIo {
+            stream,
+            deadline,
+            written: false,
+        },
+        body,
+    ));
+    match result {
+        Err(EventError::Io { .. } | EventError::BadResponse { .. })
+            if Instant::now() >= deadline =>
+        {
+            Err(EventError::Timeout {
                 socket: socket.to_path_buf(),
                 timeout,
-            }),
+            })
         }
-    })
+        other => other,
+    }
 }
 
-async fn exchange(socket: &Path, body: Vec<u8>) -> Result<(), EventError> {
-    let io = |op: &'static str| {
-        move |error: hyper::Error| EventError::Io {
-            socket: socket.to_path_buf(),
-            op,
-            source: std::io::Error::other(error),
+async fn exchange(socket: &Path, io: BlockingIo, body: Vec<u8>) -> Result<(), EventError> {
+    let failed = |op: &'static str| {
+        move |error: hyper::Error| {
+            let socket = socket.to_path_buf();
+            if error.is_parse() {
+                EventError::BadResponse {
+                    socket,
+                    detail: format!("not an HTTP answer: {error}"),
+                }
+            } else {
+                EventError::Io {
+                    socket,
+                    op,
+                    source: std::io::Error::other(error),
+                }
+            }
         }
     };
-    let stream = UnixStream::connect(socket)
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|source| EventError::Connect {
-            socket: socket.to_path_buf(),
-            source,
-        })?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(io("start HTTP with"))?;
-    let connection = tokio::spawn(connection);
+        .map_err(failed("start HTTP with"))?;
     let request = Request::builder()
         .method(Method::POST)
         .uri(CMD_ADD_PATH)
@@ -71,20 +87,31 @@ async fn exchange(socket: &Path, body: Vec<u8>) -> Result<(), EventError> {
             socket: socket.to_path_buf(),
             detail: format!("cannot build the request: {error}"),
         })?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(io("send the event to"))?;
-    let status = response.status();
-    let body = Limited::new(response.into_body(), MAX_RESPONSE_BODY)
-        .collect()
-        .await
-        .map_err(|error| EventError::BadResponse {
-            socket: socket.to_path_buf(),
-            detail: format!("cannot read the answer: {error}"),
-        })?
-        .to_bytes();
-    connection.abort();
+    let answer = async {
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(failed("send the event to"))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_RESPONSE_BODY)
+            .collect()
+            .await
+            .map_err(|error| EventError::BadResponse {
+                socket: socket.to_path_buf(),
+                detail: format!("cannot read the answer: {error}"),
+            })?
+            .to_bytes();
+        Ok::<_, EventError>((status, body))
+    };
+    // The connection does the socket work while the answer waits for it; once the answer is
+    // complete the connection is dropped (the request said `Connection: close`).
+    let (status, body) = match future::select(Box::pin(answer), connection).await {
+        Either::Left((answer, _)) => answer?,
+        Either::Right((closed, answer)) => {
+            closed.map_err(failed("read the answer of"))?;
+            answer.await?
+        }
+    };
     check_response(socket, status, &body)
 }
 
@@ -105,5 +132,91 @@ fn check_response(socket: &Path, status: StatusCode, body: &[u8]) -> Result<(), 
             status,
             body,
         }),
+    }
+}
+
+/// A blocking unix socket as hyper's IO: every call completes (or fails) before it returns,
+/// waiting at most until `deadline`. One exception: before the request is written, hyper
+/// reads only to notice an idle connection closing, which here would wait for an answer to a
+/// request not yet sent; such a read is "not yet" (and asks to be polled again), so hyper goes
+/// on to write.
+struct BlockingIo {
+    stream: UnixStream,
+    deadline: Instant,
+    written: bool,
+}
+
+impl BlockingIo {
+    /// What is left of the deadline, as a socket timeout (never zero: that means "forever").
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        Ok(left)
+    }
+}
+
+impl hyper::rt::Read for BlockingIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        mut buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if !this.written {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let mut chunk = [0u8; READ_CHUNK];
+        let result = this.left().and_then(|left| {
+            this.stream.set_read_timeout(Some(left))?;
+            let want = buf.remaining().min(chunk.len());
+            this.stream.read(&mut chunk[..want])
+        });
+        Poll::Ready(result.map(|read| buf.put_slice(&chunk[..read])))
+    }
+}
+
+impl hyper::rt::Write for BlockingIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = this.left().and_then(|left| {
+            this.stream.set_write_timeout(Some(left))?;
+            this.stream.write(buf)
+        });
+        this.written |= result.is_ok();
+        Poll::Ready(result)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let result = this.left().and_then(|left| {
+            this.stream.set_write_timeout(Some(left))?;
+            this.stream.write_vectored(bufs)
+        });
+        this.written |= result.is_ok();
+        Poll::Ready(result)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let result = self.stream.shutdown(std::net::Shutdown::Write);
+        Poll::Ready(result)
     }
 }

@@ -239,6 +239,64 @@ fn silent_agent_times_out() {
     assert!(started.elapsed() < Duration::from_secs(3));
 }
 
+/// An "agent" that reads the request and answers `reply` raw, then closes.
+fn one_shot_agent(socket: &Path, reply: &'static [u8]) -> std::thread::JoinHandle<Vec<u8>> {
+    let listener = std::os::unix::net::UnixListener::bind(socket).expect("bind");
+    std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        let mut request = vec![0u8; 64 * 1024];
+        let read = stream.read(&mut request).expect("read");
+        request.truncate(read);
+        let _ = stream.write_all(reply);
+        request
+    })
+}
+
+#[test]
+fn agent_answers_that_are_not_ok_are_errors_not_hangs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases: &[(&[u8], &str)] = &[
+        (b"", "io"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n", "bad_response"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+            "bad_response",
+        ),
+        (
+            b"HTTP/1.1 503 Busy\r\nConnection: close\r\n\r\nagent busy",
+            "agent_failed",
+        ),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", "ok"),
+    ];
+    for (index, (reply, want)) in cases.iter().enumerate() {
+        let socket = dir.path().join(format!("agent-{index}.sock"));
+        let agent = one_shot_agent(&socket, reply);
+        let started = std::time::Instant::now();
+        let result = post_add(&socket, &event(), Duration::from_secs(5));
+        let got = result.as_ref().map_or_else(|e| e.reason(), |()| "ok");
+        assert_eq!(
+            got,
+            *want,
+            "{:?}: {result:?}",
+            String::from_utf8_lossy(reply)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "no waiting for the deadline"
+        );
+        let request = agent.join().expect("agent");
+        let request = String::from_utf8_lossy(&request);
+        assert!(
+            request.starts_with("POST /cmdadd HTTP/1.1\r\n"),
+            "{request}"
+        );
+        assert!(
+            request.ends_with('}'),
+            "the whole event in one write: {request}"
+        );
+    }
+}
+
 #[test]
 fn server_rejects_bad_requests() {
     let agent = Agent::start();

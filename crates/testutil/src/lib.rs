@@ -22,9 +22,7 @@ pub use fake_ca::{FakeCa, FakeCaError, RecordedRequest, IMPERSONATED_IDENTITY};
 pub use fake_zds::{
     workload_info, AckResult, FakeZds, FakeZdsError, SnapshotItem, ACK_DEADLINE, CONNECT_WAIT,
 };
-pub use http_app::{
-    http_call, http_get, http_request, HttpApp, HttpClientError, HttpResponse,
-};
+pub use http_app::{http_call, http_get, http_request, HttpApp, HttpClientError, HttpResponse};
 pub use memory_snapshot::MemorySnapshot;
 pub use netns::{Netns, NetnsError, TestNet};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};

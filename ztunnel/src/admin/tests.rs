@@ -62,10 +62,7 @@ async fn config_dump_shows_state_and_config_and_quit_triggers_shutdown() {
         Some(1),
         "{dump}"
     );
-    assert!(
-        resp.body.contains("10.244.1.11"),
-        "IPs as strings: {resp}"
-    );
+    assert!(resp.body.contains("10.244.1.11"), "IPs as strings: {resp}");
     assert!(
         dump["config"].is_object() && dump["certificates"].is_array(),
         "{dump}"
@@ -95,10 +92,7 @@ async fn config_dump_shows_state_and_config_and_quit_triggers_shutdown() {
 
     assert!(!shutdown.requested());
     let resp = request(admin, "POST", "/quitquitquit").await;
-    assert!(
-        resp.status == 200,
-        "{resp:?}"
-    );
+    assert!(resp.status == 200, "{resp:?}");
     assert!(shutdown.requested(), "quitquitquit requests shutdown");
 }
 
