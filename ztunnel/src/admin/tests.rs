@@ -62,7 +62,10 @@ async fn config_dump_shows_state_and_config_and_quit_triggers_shutdown() {
         Some(1),
         "{dump}"
     );
-    assert!(resp.body.contains("10.244.1.11"), "IPs as strings: {resp}");
+    assert!(
+        resp.body.contains("10.244.1.11"),
+        "IPs as strings: {resp:?}"
+    );
     assert!(
         dump["config"].is_object() && dump["certificates"].is_array(),
         "{dump}"
