@@ -127,6 +127,19 @@ fn count_filters(netns: &Netns, dev: &str, hook: &str, name: &str) -> usize {
         .count()
 }
 
+/// No fwmark rule, no route in the capture's table and `accept_local` back to 0.
+fn assert_no_delivery_left(ns: &Netns) {
+    let rules = ns.ip(&["rule", "show", "pref", "32763"]).expect("rule");
+    assert!(rules.trim().is_empty(), "{rules}");
+    let routes = ns.ip(&["route", "show", "table", "101"]).expect("route");
+    assert!(routes.trim().is_empty(), "{routes}");
+    assert_eq!(
+        ns.sysctl_get("net.ipv4.conf.lo.accept_local")
+            .expect("sysctl"),
+        "0"
+    );
+}
+
 fn redirector() -> EbpfRedirector {
     EbpfRedirector::new().expect("the kernel loads the capture programs")
 }
@@ -285,16 +298,7 @@ fn enroll_is_idempotent_and_unenroll_restores_direct_traffic() {
     }
     let qdiscs = ns.exec_ok("tc", &["qdisc", "show"]).expect("tc qdisc");
     assert!(!qdiscs.contains("clsact"), "{qdiscs}");
-    assert!(ns
-        .ip(&["rule", "show", "pref", "32763"])
-        .expect("rule")
-        .trim()
-        .is_empty());
-    assert_eq!(
-        ns.sysctl_get("net.ipv4.conf.lo.accept_local")
-            .expect("sysctl"),
-        "0"
-    );
+    assert_no_delivery_left(ns);
 
     let mut direct = ns.tcp_connect(b.addr(80), TIMEOUT).expect("direct connect");
     echo(&mut direct);
@@ -355,21 +359,7 @@ fn a_failure_part_way_through_enrollment_is_undone() {
     assert!(tc_filters(ns, "lo", "ingress").trim().is_empty());
     let qdiscs = ns.exec_ok("tc", &["qdisc", "show"]).expect("tc qdisc");
     assert_eq!(qdiscs.matches("clsact").count(), 1, "{qdiscs}");
-    assert!(ns
-        .ip(&["rule", "show", "pref", "32763"])
-        .expect("rule")
-        .trim()
-        .is_empty());
-    assert!(ns
-        .ip(&["route", "show", "table", "101"])
-        .expect("route")
-        .trim()
-        .is_empty());
-    assert_eq!(
-        ns.sysctl_get("net.ipv4.conf.lo.accept_local")
-            .expect("sysctl"),
-        "0"
-    );
+    assert_no_delivery_left(ns);
 }
 
 #[test]

@@ -135,16 +135,7 @@ async fn handle(
     name: String,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     shared.hits.fetch_add(1, Ordering::Relaxed);
-    let headers = req
-        .headers()
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_string(),
-                v.to_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect();
+    let headers = header_map(req.headers());
     *shared
         .last_headers
         .lock()
@@ -299,16 +290,7 @@ async fn exchange(
         })?;
     let resp = sender.send_request(req).await.map_err(failed)?;
     let status = resp.status().as_u16();
-    let headers = resp
-        .headers()
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_string(),
-                v.to_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect();
+    let headers = header_map(resp.headers());
     let body = resp.into_body().collect().await.map_err(failed)?.to_bytes();
     conn.abort();
     Ok(HttpResponse {
@@ -317,4 +299,17 @@ async fn exchange(
         headers,
         elapsed: start.elapsed(),
     })
+}
+
+/// Headers as lower-case name -> value (values that are not text read as empty).
+fn header_map(headers: &hyper::HeaderMap) -> BTreeMap<String, String> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                v.to_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
 }
