@@ -155,6 +155,20 @@ impl BlockingIo {
         }
         Ok(left)
     }
+
+    /// One write, bounded by what is left of the deadline; a successful one means the request
+    /// has started, so reads are real from then on.
+    fn write_with(
+        &mut self,
+        write: impl FnOnce(&mut UnixStream) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let result = self.left().and_then(|left| {
+            self.stream.set_write_timeout(Some(left))?;
+            write(&mut self.stream)
+        });
+        self.written |= result.is_ok();
+        result
+    }
 }
 
 impl hyper::rt::Read for BlockingIo {
@@ -184,13 +198,7 @@ impl hyper::rt::Write for BlockingIo {
         _: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let result = this.left().and_then(|left| {
-            this.stream.set_write_timeout(Some(left))?;
-            this.stream.write(buf)
-        });
-        this.written |= result.is_ok();
-        Poll::Ready(result)
+        Poll::Ready(self.get_mut().write_with(|stream| stream.write(buf)))
     }
 
     fn poll_write_vectored(
@@ -198,13 +206,10 @@ impl hyper::rt::Write for BlockingIo {
         _: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        let result = this.left().and_then(|left| {
-            this.stream.set_write_timeout(Some(left))?;
-            this.stream.write_vectored(bufs)
-        });
-        this.written |= result.is_ok();
-        Poll::Ready(result)
+        Poll::Ready(
+            self.get_mut()
+                .write_with(|stream| stream.write_vectored(bufs)),
+        )
     }
 
     fn is_write_vectored(&self) -> bool {
