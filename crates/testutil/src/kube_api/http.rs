@@ -248,8 +248,12 @@ fn patch(
 ) -> Result<(u16, Value, Option<WatchEvent>), ApiStatus> {
     let apply = content_type == "application/apply-patch+yaml";
     let manager = q.get("fieldManager").cloned().unwrap_or_default();
+    // Patch options are validated before anything is looked up, as kube-apiserver does.
     if apply && manager.is_empty() {
-        return Err(ApiStatus::new(400, "BadRequest", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
+        return Err(ApiStatus::new(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"));
+    }
+    if !apply && q.contains_key("force") {
+        return Err(ApiStatus::new(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not be specified for non-apply patch"));
     }
     let force = q.get("force").is_some_and(|f| f == "true");
     let owners = (
