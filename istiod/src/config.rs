@@ -112,6 +112,11 @@ pub struct Config {
     #[arg(long, env = "PILOT_PUSH_THROTTLE", default_value_t = 0)]
     pub push_throttle: usize,
 
+    /// Bytes of full-state responses in flight at once, whatever their number (about half of
+    /// the transient memory they take); 0 means 32 MiB.
+    #[arg(long, env = "PUSH_BYTES_IN_FLIGHT", default_value_t = 0)]
+    pub push_bytes_in_flight: usize,
+
     /// Cluster id written into workload uids (`<cluster>//Pod/<ns>/<name>`).
     #[arg(long, env = "CLUSTER_ID", default_value = "Kubernetes")]
     pub cluster_id: String,

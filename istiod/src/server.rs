@@ -276,8 +276,16 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
         });
     }
 
-    let xds =
-        XdsServer::new(snapshots.clone()).with_metrics(metrics.register(XdsMetrics::register));
+    let xds = XdsServer::new(snapshots.clone())
+        .with_push_throttle(match config.push_throttle {
+            0 => crate::xds::default_push_throttle(),
+            n => n,
+        })
+        .with_push_bytes(match config.push_bytes_in_flight {
+            0 => crate::xds::DEFAULT_PUSH_BYTES,
+            n => n,
+        })
+        .with_metrics(metrics.register(XdsMetrics::register));
     let ca_service = CaService::new(
         ca.clone(),
         authenticator.clone(),

@@ -28,7 +28,7 @@ use mesh_proto::discovery::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use mesh_xds::{DeltaStream, StreamError, XdsSnapshot};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -91,12 +91,45 @@ pub struct XdsServer<S: XdsSnapshot> {
     metrics: XdsMetrics,
     next_id: Arc<AtomicU64>,
     throttle: Arc<Semaphore>,
+    push_bytes: PushBytes,
 }
 
 /// Istio's `PILOT_PUSH_THROTTLE` default: `min(15 + 5 x cores, 100)` full pushes in flight.
 pub fn default_push_throttle() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     (15 + 5 * cores).min(100)
+}
+
+/// The default budget of full-push bytes in flight (see [`XdsServer::with_push_bytes`]).
+pub const DEFAULT_PUSH_BYTES: usize = 32 << 20;
+
+/// A budget of bytes of full-state responses in flight, counted in KiB permits.
+#[derive(Clone)]
+pub(crate) struct PushBytes {
+    permits: Arc<Semaphore>,
+    kib: u32,
+}
+
+impl PushBytes {
+    fn new(bytes: usize) -> PushBytes {
+        let kib = u32::try_from(bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .max(1);
+        PushBytes {
+            permits: Arc::new(Semaphore::new(kib as usize)),
+            kib,
+        }
+    }
+
+    /// Waits until `bytes` fit in the budget (a response larger than all of it waits for all
+    /// of it, then goes alone).
+    pub(crate) async fn acquire(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let want = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        Arc::clone(&self.permits)
+            .acquire_many_owned(want.clamp(1, self.kib))
+            .await
+            .ok()
+    }
 }
 
 impl<S: XdsSnapshot> Clone for XdsServer<S> {
@@ -107,6 +140,7 @@ impl<S: XdsSnapshot> Clone for XdsServer<S> {
             metrics: self.metrics.clone(),
             next_id: Arc::clone(&self.next_id),
             throttle: Arc::clone(&self.throttle),
+            push_bytes: self.push_bytes.clone(),
         }
     }
 }
@@ -128,6 +162,7 @@ impl<S: XdsSnapshot> XdsServer<S> {
             metrics: XdsMetrics::default(),
             next_id: Arc::new(AtomicU64::new(1)),
             throttle: Arc::new(Semaphore::new(default_push_throttle())),
+            push_bytes: PushBytes::new(DEFAULT_PUSH_BYTES),
         }
     }
 
@@ -137,6 +172,18 @@ impl<S: XdsSnapshot> XdsServer<S> {
     pub fn with_push_throttle(self, n: usize) -> XdsServer<S> {
         XdsServer {
             throttle: Arc::new(Semaphore::new(n.max(1))),
+            ..self
+        }
+    }
+
+    /// At most about `bytes` of full-state responses in flight at once, whatever their number:
+    /// each full push reserves its estimated size before it is built and keeps it until the
+    /// client answers (as the [throttle permit](Self::with_push_throttle) does). A response
+    /// lives twice while it goes out (built, then encoded in the HTTP/2 send buffer), so this
+    /// bounds the transient memory of many proxies connecting at once to about twice `bytes`.
+    pub fn with_push_bytes(self, bytes: usize) -> XdsServer<S> {
+        XdsServer {
+            push_bytes: PushBytes::new(bytes),
             ..self
         }
     }
@@ -204,6 +251,7 @@ impl<S: XdsSnapshot> XdsServer<S> {
             tx,
             metrics: self.metrics.clone(),
             throttle: Arc::clone(&self.throttle),
+            push_bytes: self.push_bytes.clone(),
             inflight: Vec::new(),
             scope: String::new(),
         };

@@ -646,6 +646,37 @@ async fn a_client_that_never_reads_does_not_block_others() {
 }
 
 #[tokio::test]
+async fn full_pushes_beyond_the_byte_budget_wait_until_earlier_ones_are_answered() {
+    // Plenty of throttle permits, but a byte budget smaller than one full push: each full push
+    // takes all of it until its client answers.
+    let many: Vec<Arc<Resource>> = (0..100u8)
+        .map(|i| workload(&format!("w{i}"), i, "v1", 0))
+        .collect();
+    let h = start_with(Snap::new(&many), |s| {
+        s.with_push_throttle(100).with_push_bytes(1024)
+    })
+    .await;
+    let mut first = h.client().await;
+    first.send(request(ADDRESS, &[], &[]));
+    let resp = first.recv().await;
+    assert_eq!(resp.resources.len(), 100);
+
+    let mut second = h.client().await;
+    second.send(request(ADDRESS, &[], &[]));
+    second.silent(Duration::from_millis(500)).await;
+
+    // A small on-demand subscription is not a full push in bytes: it goes ahead.
+    let mut third = h.client().await;
+    third.send(request(ADDRESS, &["w7"], &[]));
+    let small = third.recv().await;
+    assert_eq!(names(&small), vec!["w7"]);
+
+    first.send(mesh_xds::ack(&resp));
+    let resp2 = second.recv().await;
+    assert_eq!(resp2.resources.len(), 100);
+}
+
+#[tokio::test]
 async fn full_pushes_wait_for_a_throttle_permit_until_the_previous_one_is_answered() {
     // 100 workloads: a full-state response, which holds the single permit until answered.
     let many: Vec<Arc<Resource>> = (0..100u8)

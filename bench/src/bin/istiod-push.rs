@@ -203,17 +203,22 @@ fn write_cluster(dir: &Path, pods: usize, services: usize) -> anyhow::Result<Vec
     Ok(pod_ids)
 }
 
-fn rss_mib(pid: u32) -> anyhow::Result<f64> {
+/// `VmRSS` (now) or `VmHWM` (the peak so far) of `pid`, in MiB.
+fn status_mib(pid: u32, field: &str) -> anyhow::Result<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let kb: f64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .context("no VmRSS")?
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .with_context(|| format!("no {field}"))?
         .trim()
         .trim_end_matches("kB")
         .trim()
         .parse()?;
     Ok(kb / 1024.0)
+}
+
+fn rss_mib(pid: u32) -> anyhow::Result<f64> {
+    status_mib(pid, "VmRSS")
 }
 
 fn start_istiod(
@@ -445,6 +450,7 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let rss_after = rss_mib(pid)?;
+    let rss_peak = status_mib(pid, "VmHWM")?;
     print_table(
         &["measure", "value"],
         &[
@@ -485,6 +491,10 @@ async fn run(
             vec![
                 "istiod RSS idle / connected / after".into(),
                 format!("{rss_idle:.0} / {rss_connected:.0} / {rss_after:.0} MiB"),
+            ],
+            vec![
+                "istiod RSS peak (VmHWM)".into(),
+                format!("{rss_peak:.0} MiB"),
             ],
         ],
     );

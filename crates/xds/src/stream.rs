@@ -198,6 +198,31 @@ impl DeltaStream {
         Some(state.record_sent(type_url, snapshot.version(), delta))
     }
 
+    /// The size a full response of `type_url` would have now, as (resources, about how many
+    /// bytes; see [`Resource::wire_len`]): the whole map for a wildcard subscription, the
+    /// subscribed resources otherwise; nothing for a type this stream has not opened.
+    pub fn full_size<S: ResourceView + ?Sized>(
+        &self,
+        type_url: &str,
+        snapshot: &S,
+    ) -> (usize, usize) {
+        let (Some(state), Some(map)) = (self.types.get(type_url), snapshot.resources(type_url))
+        else {
+            return (0, 0);
+        };
+        let wire_len = |r: &Arc<Resource>| r.wire_len();
+        if state.wildcard {
+            return (map.len(), map.values().map(wire_len).sum());
+        }
+        let names: BTreeSet<String> = state
+            .names
+            .iter()
+            .flat_map(|n| resolve(snapshot, type_url, map, n))
+            .collect();
+        let bytes = names.iter().filter_map(|n| map.get(n)).map(wire_len).sum();
+        (names.len(), bytes)
+    }
+
     /// Computes the responses for every open type after a snapshot change. `changes` is
     /// `XdsSnapshot::changes_since` of the last pushed version (`None`: compare everything).
     pub fn push<S: ResourceView + ?Sized>(

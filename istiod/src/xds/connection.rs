@@ -15,18 +15,25 @@ use tonic::Status;
 use super::metrics::XdsMetrics;
 use super::node::NodeId;
 use super::registry::{ConnectionEntry, NodeInfo, RegistryGuard};
-use super::XdsError;
+use super::{PushBytes, XdsError};
 
 /// A response at least this large counts as a full push and holds a throttle permit.
 const FULL_PUSH_RESOURCES: usize = 64;
 /// How long a full push may hold its permit without an answer from the client.
 const PERMIT_HOLD: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// What a full push holds until its client answers: a throttle permit and its share of the
+/// byte budget.
+pub(crate) struct PushPermit {
+    _count: OwnedSemaphorePermit,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
 /// A full push waiting for the client's ACK/NACK.
 pub(crate) struct InFlight {
     type_url: String,
     deadline: Instant,
-    _permit: OwnedSemaphorePermit,
+    _permit: PushPermit,
 }
 
 pub(crate) type ResponseSender = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
@@ -41,6 +48,8 @@ pub(crate) struct Connection<S: XdsSnapshot> {
     pub metrics: XdsMetrics,
     /// Bounds the full-state responses in flight across all connections.
     pub throttle: Arc<Semaphore>,
+    /// Bounds the bytes of those responses.
+    pub push_bytes: PushBytes,
     pub inflight: Vec<InFlight>,
     /// What part of each snapshot this proxy is served (empty: everything), from its node.
     pub scope: String,
@@ -100,14 +109,25 @@ impl<S: XdsSnapshot> Connection<S> {
             .unwrap_or_else(Instant::now)
     }
 
-    /// Waits for a full-push permit (`PILOT_PUSH_THROTTLE`). A connection that already holds
-    /// one goes ahead without waiting: it could not read the ACK that frees its own permit while
-    /// it waits, and enough such connections would deadlock the server.
-    async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+    /// Waits for a full-push permit (`PILOT_PUSH_THROTTLE`), then, for a push of at least
+    /// [`FULL_PUSH_RESOURCES`], for its `(resources, bytes)` size in the byte budget. A
+    /// connection that already holds one goes ahead without waiting: it could not read the ACK
+    /// that frees its own permit while it waits, and enough such connections would deadlock the
+    /// server.
+    async fn permit(&self, (resources, bytes): (usize, usize)) -> Option<PushPermit> {
         if !self.inflight.is_empty() {
             return None;
         }
-        Arc::clone(&self.throttle).acquire_owned().await.ok()
+        let count = Arc::clone(&self.throttle).acquire_owned().await.ok()?;
+        let bytes = if resources >= FULL_PUSH_RESOURCES {
+            self.push_bytes.acquire(bytes).await
+        } else {
+            None
+        };
+        Some(PushPermit {
+            _count: count,
+            _bytes: bytes,
+        })
     }
 
     fn node_id(&self) -> String {
@@ -134,7 +154,11 @@ impl<S: XdsSnapshot> Connection<S> {
             // The client answered (ACK or NACK): its full pushes of this type are done.
             self.inflight.retain(|f| f.type_url != type_url);
         }
-        let full = {
+        let view = Scoped {
+            snapshot: &*self.current,
+            scope: &self.scope,
+        };
+        let full_size = {
             let mut stream = self.entry.stream();
             let outcome = stream.handle_request(&req)?;
             self.observe(&req, &outcome);
@@ -145,11 +169,11 @@ impl<S: XdsSnapshot> Connection<S> {
                 outcome.kind,
                 RequestKind::Initial | RequestKind::Reconnect { .. }
             )
+            .then(|| stream.full_size(type_url, &view))
         };
-        let permit = if full { self.permit().await } else { None };
-        let view = Scoped {
-            snapshot: &*self.current,
-            scope: &self.scope,
+        let permit = match full_size {
+            Some(size) => self.permit(size).await,
+            None => None,
         };
         let response = self.entry.stream().respond(type_url, &view, None);
         match response {
@@ -204,13 +228,22 @@ impl<S: XdsSnapshot> Connection<S> {
             return Ok(());
         }
         let changes = newest.scoped_changes_since(&self.scope, from);
-        let mut permit = match changes {
-            None => self.permit().await,
-            Some(_) => None,
-        };
         let view = Scoped {
             snapshot: &*newest,
             scope: &self.scope,
+        };
+        let mut permit = match changes {
+            None => {
+                let size = {
+                    let stream = self.entry.stream();
+                    stream
+                        .type_urls()
+                        .map(|t| stream.full_size(t, &view))
+                        .fold((0, 0), |(n, b), (tn, tb)| (n + tn, b + tb))
+                };
+                self.permit(size).await
+            }
+            Some(_) => None,
         };
         let responses = self.entry.stream().push(&view, changes.as_ref());
         tracing::debug!(conn = %self.entry.id, from, to = newest.version(), full = changes.is_none(), responses = responses.len(), "snapshot change");
@@ -229,7 +262,7 @@ impl<S: XdsSnapshot> Connection<S> {
         &mut self,
         resp: DeltaDiscoveryResponse,
         push: bool,
-        permit: Option<OwnedSemaphorePermit>,
+        permit: Option<PushPermit>,
     ) -> Result<(), XdsError> {
         let kind = metric_type(&resp.type_url).to_string();
         if let Some(p) = permit.filter(|_| resp.resources.len() >= FULL_PUSH_RESOURCES) {
