@@ -1,5 +1,9 @@
 //! Packing Envoy messages into `Any` and small builders shared by the generators.
 
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
 use mesh_proto::envoy::pb::google::protobuf::{Any, Duration as PbDuration};
 use prost::{Message, Name};
 
@@ -53,4 +57,22 @@ pub fn ads_source() -> mesh_proto::envoy::pb::envoy::config::core::v3::ConfigSou
         resource_api_version: ApiVersion::V3 as i32,
         ..ConfigSource::default()
     }
+}
+
+/// A proto map field (Envoy's are `HashMap`s) that encodes the same entries to the same bytes.
+///
+/// A `HashMap` iterates, and so encodes, in an order drawn from its own random hasher: the
+/// same entries in two maps give two encodings, and the content-hash versions of resources
+/// would change when nothing did (an unchanged waypoint pushed again). Maps built here share
+/// one hasher and take their entries in key order, so equal maps encode equally within this
+/// process. (Another istiod process encodes another order: a proxy reconnecting to another
+/// replica is resent what it has.)
+pub fn stable_map<V>(entries: impl IntoIterator<Item = (String, V)>) -> HashMap<String, V> {
+    static HASHER: LazyLock<RandomState> = LazyLock::new(RandomState::new);
+    let mut sorted: Vec<(String, V)> = entries.into_iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    sorted.dedup_by(|b, a| a.0 == b.0);
+    let mut map = HashMap::with_capacity_and_hasher(sorted.len(), HASHER.clone());
+    map.extend(sorted);
+    map
 }

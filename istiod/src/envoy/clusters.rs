@@ -30,7 +30,7 @@ use mesh_proto::envoy::pb::envoy::extensions::upstreams::http::v3::{
 use mesh_proto::envoy::pb::envoy::r#type::metadata::v3::{metadata_kind, MetadataKind};
 use mesh_proto::envoy::pb::google::protobuf::{value::Kind as ValueKind, Struct, Value};
 
-use super::any::{ads_source, duration, object_name, pack, u32_value};
+use super::any::{ads_source, duration, object_name, pack, stable_map, u32_value};
 use super::destination_rule::{self, ClusterPolicy, Reporter};
 use super::inputs::{BoundService, Protocol, ServicePort, WaypointInputs};
 use super::routes::RouteError;
@@ -226,14 +226,19 @@ fn load_assignment(
             let target = std::net::SocketAddr::new(e.ip, e.target_port(port)?);
             let id = target.to_string();
             let addr = internal_address(names::CONNECT_ORIGINATE, &id);
-            let mut metadata = original_dst_metadata(&id);
-            metadata.filter_metadata.insert(
-                names::ISTIO_METADATA.to_string(),
-                string_struct(&[
-                    (names::WORKLOAD_METADATA_KEY, &e.workload),
-                    (names::PRINCIPAL_METADATA_KEY, &e.principal),
+            let metadata = Metadata {
+                filter_metadata: stable_map([
+                    original_dst_entry(&id),
+                    (
+                        names::ISTIO_METADATA.to_string(),
+                        string_struct(&[
+                            (names::WORKLOAD_METADATA_KEY, &e.workload),
+                            (names::PRINCIPAL_METADATA_KEY, &e.principal),
+                        ]),
+                    ),
                 ]),
-            );
+                ..Metadata::default()
+            };
             Some(lb_endpoint(addr, Some(metadata)))
         })
         .collect();
@@ -274,24 +279,21 @@ fn lb_endpoint(address: Address, metadata: Option<Metadata>) -> LbEndpoint {
 /// `envoy.filters.listener.original_dst: {local: "<ip:port>"}`.
 /// A struct of string fields.
 fn string_struct(fields: &[(&str, &str)]) -> Struct {
-    let fields = (fields.iter())
-        .map(|(k, v)| {
-            let value = Value {
-                kind: Some(ValueKind::StringValue(v.to_string())),
-            };
-            (k.to_string(), value)
-        })
-        .collect();
+    let fields = stable_map(fields.iter().map(|(k, v)| {
+        let value = Value {
+            kind: Some(ValueKind::StringValue(v.to_string())),
+        };
+        (k.to_string(), value)
+    }));
     Struct { fields }
 }
 
-fn original_dst_metadata(local: &str) -> Metadata {
-    let mut md = Metadata::default();
-    md.filter_metadata.insert(
+/// The `envoy.filters.listener.original_dst` metadata entry of an endpoint.
+fn original_dst_entry(local: &str) -> (String, Struct) {
+    (
         names::ORIGINAL_DST_METADATA.to_string(),
         string_struct(&[("local", local)]),
-    );
-    md
+    )
 }
 
 /// The internal-upstream transport (raw buffer inside); with `passthrough`, the endpoint's

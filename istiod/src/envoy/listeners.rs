@@ -38,7 +38,7 @@ use mesh_proto::envoy::pb::xds::r#type::matcher::v3::{
     Matcher,
 };
 
-use super::any::{duration, pack, u32_value};
+use super::any::{duration, pack, stable_map, u32_value};
 use super::inputs::{Protocol, WaypointInputs};
 use super::routes::ServiceRoutes;
 use super::{names, tls, HBONE_PORT};
@@ -277,13 +277,12 @@ fn main_internal(inputs: &WaypointInputs, routes: &[ServiceRoutes]) -> Listener 
 
 /// Destination IP (exact) -> destination port (exact) -> chain name.
 fn chain_matcher(by_ip: &std::collections::BTreeMap<String, Vec<(u16, String)>>) -> Matcher {
-    let ip_map = by_ip
-        .iter()
-        .map(|(ip, ports)| {
-            let port_map = ports
-                .iter()
-                .map(|(port, chain)| (port.to_string(), chain_action(chain)))
-                .collect();
+    let ip_map = stable_map(by_ip.iter().map(|(ip, ports)| {
+            let port_map = stable_map(
+                ports
+                    .iter()
+                    .map(|(port, chain)| (port.to_string(), chain_action(chain))),
+            );
             let port_matcher = Matcher {
                 matcher_type: Some(MatcherType::MatcherTree(MatcherTree {
                     input: Some(input("port", pack(&DestinationPortInput::default()))),
@@ -304,8 +303,7 @@ fn chain_matcher(by_ip: &std::collections::BTreeMap<String, Vec<(u16, String)>>)
                     ..OnMatch::default()
                 },
             )
-        })
-        .collect();
+    }));
     Matcher {
         matcher_type: Some(MatcherType::MatcherTree(MatcherTree {
             input: Some(input("ip", pack(&DestinationIpInput::default()))),

@@ -125,7 +125,7 @@ pub fn filters(
             };
             let rules = Rbac {
                 action: action as i32,
-                policies: policies.into_iter().collect(),
+                policies: super::any::stable_map(policies),
                 ..Rbac::default()
             };
             (label, rules)

@@ -279,6 +279,26 @@ pub(super) fn inputs() -> WaypointInputs {
     }
 }
 
+#[test]
+fn the_same_inputs_give_the_same_resource_versions() {
+    // Versions are content hashes: an unchanged waypoint must not be pushed again.
+    let inputs = inputs();
+    let first = generate_waypoint(&inputs, 1);
+    for _ in 0..16 {
+        let again = generate_waypoint(&inputs, 1);
+        for (type_url, map) in &first.by_type {
+            for (name, r) in map.iter() {
+                let other = again.get(type_url).and_then(|m| m.get(name));
+                assert_eq!(
+                    other.map(|o| &o.version),
+                    Some(&r.version),
+                    "{type_url} {name} changed version"
+                );
+            }
+        }
+    }
+}
+
 pub(super) fn decode<M: Message + Default>(res: &ProxyResources, type_url: &str) -> Vec<M> {
     res.get(type_url)
         .expect("type served")
