@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,9 @@ use mesh_testutil::kube_api::{core_types, FakeApiServer};
 use serde::Deserialize;
 use tokio::sync::{mpsc, Barrier};
 use tokio_stream::StreamExt;
+
+/// Set once every figure is taken: clients' streams may end from then on.
+static MEASURED: AtomicBool = AtomicBool::new(false);
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -392,8 +396,11 @@ async fn run(
     for id in 0..args.clients {
         let (addr, b, s) = (addr.clone(), barrier.clone(), seen_tx.clone());
         tokio::spawn(async move {
+            // Streams end with an error once istiod is stopped after the measurements.
             if let Err(e) = client(id, addr, b, s).await {
-                eprintln!("{e:#}");
+                if !MEASURED.load(Ordering::Relaxed) {
+                    eprintln!("client {id}: {e:#}");
+                }
             }
         });
     }
@@ -451,6 +458,7 @@ async fn run(
     }
     let rss_after = rss_mib(pid)?;
     let rss_peak = status_mib(pid, "VmHWM")?;
+    MEASURED.store(true, Ordering::Relaxed);
     print_table(
         &["measure", "value"],
         &[
