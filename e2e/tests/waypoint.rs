@@ -10,7 +10,10 @@ use mesh_e2e::controller::WaypointController;
 use mesh_e2e::kubelet::{gateway_programmed, Kubelet};
 use mesh_e2e::waypoint::Waypoint;
 use mesh_testutil::netns::have_root;
-use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, Netns};
+use mesh_testutil::{
+    http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, JwtIssuer, Netns,
+};
+use serde_json::json;
 
 const APP_PORT: u16 = 8080;
 const SERVER_VIP: &str = "10.96.0.10";
@@ -405,6 +408,80 @@ fn waypoint_routes_http_between_ztunnels() {
     );
 }
 
+/// A RequestAuthentication on the Service makes the waypoint verify tokens (a bad one is
+/// answered 401, none passes); an ALLOW policy on `requestPrincipals` and a claim then
+/// requires alice's token with the `admins` group.
+fn checks_tokens_then_requires_one(c: &MeshCluster, app: &App) {
+    let client = &app.client.netns;
+    let issuer = JwtIssuer::new("https://issuer.example/tenant").expect("issuer");
+    let impostor = JwtIssuer::new("https://issuer.example/tenant").expect("another key");
+    c.objects().write(
+        "authn.yaml",
+        &format!(
+            "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata:\n  name: jwt\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: server\n  jwtRules:\n  - issuer: {}\n    jwks: '{}'\n",
+            issuer.issuer(),
+            issuer.jwks()
+        ),
+    );
+    let token = |i: &JwtIssuer, sub: &str, claims: serde_json::Value| {
+        format!("Bearer {}", i.token(sub, claims).expect("token"))
+    };
+    let alice = token(&issuer, "alice", json!({"groups": ["admins", "dev"]}));
+    let alice_dev = token(&issuer, "alice", json!({"groups": ["dev"]}));
+    let bob = token(&issuer, "bob", json!({"groups": ["admins"]}));
+    let forged = token(&impostor, "alice", json!({"groups": ["admins"]}));
+    let expired = format!(
+        "Bearer {}",
+        issuer
+            .sign(&json!({"iss": issuer.issuer(), "sub": "alice", "exp": 1_000_000_000}))
+            .expect("token")
+    );
+    let with = |auth: &str| get(client, "/", &[("authorization", auth)]);
+    assert!(
+        eventually(|| status(with("Bearer not-a-jwt")) == 401),
+        "RequestAuthentication applied\n{}",
+        app.waypoint().log()
+    );
+    for (auth, want) in [
+        (alice.as_str(), 200),
+        (forged.as_str(), 401),
+        (expired.as_str(), 401),
+    ] {
+        let r = with(auth).expect("answer");
+        assert_eq!(r.status, want, "{auth}: {}", r.body);
+    }
+    let r = with(&forged).expect("answer");
+    assert!(r.body.contains("Jwt"), "Envoy says why: {}", r.body);
+    assert_eq!(status(get(client, "/", &[])), 200, "no token passes");
+
+    c.objects().write("allow-jwt.yaml", ALLOW_ALICE_ADMINS);
+    assert!(
+        eventually(|| status(get(client, "/", &[])) == 403),
+        "ALLOW on requestPrincipals applied\n{}",
+        app.waypoint().log()
+    );
+    for (who, auth, want) in [
+        ("alice in admins", alice.as_str(), 200),
+        ("alice not in admins", alice_dev.as_str(), 403),
+        ("bob", bob.as_str(), 403),
+        ("a forged alice", forged.as_str(), 401),
+    ] {
+        assert_eq!(status(with(auth)), want, "{who}");
+    }
+    assert_eq!(
+        app.waypoint().stat("listener_manager.lds.update_rejected"),
+        0
+    );
+    c.objects().remove("allow-jwt.yaml");
+    c.objects().remove("authn.yaml");
+    assert!(
+        eventually(|| status(with(&forged)) == 200),
+        "tokens no longer checked"
+    );
+}
+
+const ALLOW_ALICE_ADMINS: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: allow-alice\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: server\n  action: ALLOW\n  rules:\n  - from:\n    - source:\n        requestPrincipals: [\"https://issuer.example/tenant/alice\"]\n    when:\n    - key: request.auth.claims[groups]\n      values: [admins]\n";
+
 const FAULT_VS: &str = "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: server-v1-fault\n  namespace: demo\nspec:\n  hosts: [server-v1]\n  http:\n  - fault:\n      abort:\n        httpStatus: 418\n        percentage: {value: 50}\n    route:\n    - destination: {host: server-v1}\n";
 
 const DENY_ADMIN: &str = "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-admin\n  namespace: demo\nspec:\n  targetRefs:\n  - kind: Service\n    group: \"\"\n    name: server\n  action: DENY\n  rules:\n  - to:\n    - operation:\n        methods: [GET]\n        paths: [\"/admin*\"]\n";
@@ -484,6 +561,8 @@ fn waypoint_enforces_routes_policies_retries_and_timeouts() {
         "/admin/x",
         &[]
     )) == 200));
+
+    checks_tokens_then_requires_one(&c, &app);
 
     // SIGTERM drains: a request in flight (1.5 s) completes, then the agent exits cleanly.
     let netns = client.clone();

@@ -23,6 +23,7 @@ mod clusters;
 mod destination_rule;
 mod grpc_route;
 mod inputs;
+mod jwt;
 mod listeners;
 mod rbac;
 mod routes;
@@ -39,7 +40,9 @@ use mesh_xds::{Resource, ResourceMap};
 
 pub use inputs::{
     BoundService, Endpoint, Protocol, ServicePort, WaypointInputs, WaypointKey, WaypointPolicy,
+    WaypointRequestAuthn,
 };
+pub use jwt::{validate as validate_request_authentication, AuthnError};
 pub use rbac::PolicyError;
 pub use routes::RouteError;
 

@@ -107,6 +107,7 @@ pub fn validate(object: &Value) -> Result<(), String> {
         };
     }
     match Object::from_value(object.clone()) {
+        Ok(Object::RequestAuthentication(ra)) => crate::envoy::validate_request_authentication(&ra),
         Ok(_) => Ok(()),
         // A kind of these groups the mesh does not read (Sidecar, EnvoyFilter, ...).
         Err(mesh_api::ApiError::UnsupportedKind { .. }) => Ok(()),
@@ -187,6 +188,66 @@ mod tests {
             "metadata": {"name": "invalid-gateway"}, "spec": {}});
         let answer = review(&admission(gw, "CREATE")).expect("review");
         assert_eq!(answer["response"]["allowed"], false);
+    }
+
+    #[test]
+    fn request_authentications_are_checked_as_istio_checks_them() {
+        let ra = |spec: Value| {
+            json!({"apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication",
+                "metadata": {"name": "jwt", "namespace": "shop"}, "spec": spec})
+        };
+        let verdict = |spec: Value| {
+            let answer = review(&admission(ra(spec), "CREATE")).expect("review");
+            let message = answer["response"]["status"]["message"]
+                .as_str()
+                .map(str::to_string);
+            (
+                answer["response"]["allowed"] == true,
+                message.unwrap_or_default(),
+            )
+        };
+        let jwks = r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#;
+        let good = verdict(json!({"targetRefs": [{"kind": "Service", "name": "echo"}],
+            "jwtRules": [{"issuer": "https://issuer.example", "jwks": jwks, "audiences": ["echo"]},
+                         {"issuer": "https://other.example", "jwksUri": "https://other.example/keys"}]}));
+        assert!(good.0, "{}", good.1);
+        for (spec, needle) in [
+            (
+                json!({"selector": {"matchLabels": {"app": "echo"}}, "targetRefs": [{"kind": "Service", "name": "echo"}]}),
+                "only one of targetRefs or workloadSelector",
+            ),
+            (
+                json!({"targetRefs": [{"kind": "Pod", "name": "echo"}]}),
+                "targetRefs[0]",
+            ),
+            (
+                json!({"targetRefs": [{"kind": "Service", "name": "echo", "namespace": "other"}]}),
+                "cross namespace",
+            ),
+            (
+                json!({"jwtRules": [{"audiences": ["x"]}]}),
+                "jwtRules[0]: issuer or jwksUri must be set",
+            ),
+            (
+                json!({"jwtRules": [{"issuer": "i", "jwks": "{}"}]}),
+                "jwtRules[0]: jwks: not a key set",
+            ),
+            (
+                json!({"jwtRules": [{"issuer": "i", "jwksUri": "ftp://x/keys"}]}),
+                "not an http(s) URL",
+            ),
+            (
+                json!({"jwtRules": [{"issuer": "i", "fromHeaders": [{"name": ""}]}]}),
+                "fromHeaders",
+            ),
+            (
+                json!({"jwtRules": [{"issuer": "i", "timeout": "-1s"}]}),
+                "timeout",
+            ),
+        ] {
+            let (allowed, message) = verdict(spec.clone());
+            assert!(!allowed && message.contains(needle), "{spec}: {message}");
+        }
     }
 
     #[test]

@@ -32,6 +32,11 @@ istio_object!(
     PeerAuthenticationSpec
 );
 istio_object!(
+    /// `security.istio.io` RequestAuthentication: which JWTs a workload or waypoint accepts.
+    RequestAuthentication,
+    RequestAuthenticationSpec
+);
+istio_object!(
     /// `networking.istio.io` ServiceEntry.
     ServiceEntry,
     ServiceEntrySpec
@@ -174,6 +179,69 @@ pub struct Condition {
     pub values: Vec<String>,
     #[serde(default)]
     pub not_values: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestAuthenticationSpec {
+    #[serde(default)]
+    pub selector: Option<WorkloadSelector>,
+    #[serde(default)]
+    pub target_ref: Option<PolicyTargetReference>,
+    #[serde(default)]
+    pub target_refs: Vec<PolicyTargetReference>,
+    #[serde(default)]
+    pub jwt_rules: Vec<JwtRule>,
+}
+
+/// One accepted token issuer (`jwtRules[]`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JwtRule {
+    #[serde(default)]
+    pub issuer: String,
+    #[serde(default)]
+    pub audiences: Vec<String>,
+    #[serde(default)]
+    pub jwks_uri: String,
+    /// An inline JSON Web Key Set.
+    #[serde(default)]
+    pub jwks: String,
+    #[serde(default)]
+    pub from_headers: Vec<JwtHeader>,
+    #[serde(default)]
+    pub from_params: Vec<String>,
+    #[serde(default)]
+    pub from_cookies: Vec<String>,
+    #[serde(default)]
+    pub output_payload_to_header: String,
+    #[serde(default)]
+    pub output_claim_to_headers: Vec<ClaimToHeader>,
+    #[serde(default)]
+    pub forward_original_token: bool,
+    /// A duration (`5s`): how long fetching the key set may take.
+    #[serde(default)]
+    pub timeout: Option<String>,
+}
+
+/// Where a token is read from: a header, after `prefix` (`Bearer `).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JwtHeader {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub prefix: String,
+}
+
+/// A claim copied into a request header.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimToHeader {
+    #[serde(default)]
+    pub header: String,
+    #[serde(default)]
+    pub claim: String,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

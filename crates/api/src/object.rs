@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     ApiError, AuthorizationPolicy, Deployment, DestinationRule, EndpointSlice, Gateway,
     GatewayClass, GrpcRoute, HttpRoute, Namespace, Node, ObjectMeta, PeerAuthentication, Pod,
-    Service, ServiceAccount, ServiceEntry, TcpRoute, VirtualService, WorkloadEntry,
+    RequestAuthentication, Service, ServiceAccount, ServiceEntry, TcpRoute, VirtualService,
+    WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -31,11 +32,12 @@ pub enum Kind {
     TcpRoute,
     Node,
     EndpointSlice,
+    RequestAuthentication,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 18] = [
+    pub const ALL: [Kind; 19] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -54,6 +56,7 @@ impl Kind {
         Kind::TcpRoute,
         Kind::Node,
         Kind::EndpointSlice,
+        Kind::RequestAuthentication,
     ];
 
     /// Every kind with its `apiVersion`, for messages (`v1 Namespace, v1 Pod, ...`).
@@ -86,6 +89,7 @@ impl Kind {
             Kind::TcpRoute => "TCPRoute",
             Kind::Node => "Node",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::RequestAuthentication => "RequestAuthentication",
         }
     }
 
@@ -99,7 +103,9 @@ impl Kind {
             | Kind::WorkloadEntry
             | Kind::VirtualService
             | Kind::DestinationRule => "networking.istio.io",
-            Kind::AuthorizationPolicy | Kind::PeerAuthentication => "security.istio.io",
+            Kind::AuthorizationPolicy | Kind::PeerAuthentication | Kind::RequestAuthentication => {
+                "security.istio.io"
+            }
             Kind::Gateway
             | Kind::HttpRoute
             | Kind::GatewayClass
@@ -202,6 +208,7 @@ pub enum Object {
     TcpRoute(Box<TcpRoute>),
     Node(Box<Node>),
     EndpointSlice(Box<EndpointSlice>),
+    RequestAuthentication(Box<RequestAuthentication>),
 }
 
 impl Object {
@@ -225,6 +232,7 @@ impl Object {
             Object::TcpRoute(_) => Kind::TcpRoute,
             Object::Node(_) => Kind::Node,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
+            Object::RequestAuthentication(_) => Kind::RequestAuthentication,
         }
     }
 
@@ -248,6 +256,7 @@ impl Object {
             Object::TcpRoute(o) => &o.metadata,
             Object::Node(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
+            Object::RequestAuthentication(o) => &o.metadata,
         }
     }
 
@@ -300,6 +309,9 @@ impl Object {
             Kind::TcpRoute => Object::TcpRoute(decode(kind, &name, value)?),
             Kind::Node => Object::Node(decode(kind, &name, value)?),
             Kind::EndpointSlice => Object::EndpointSlice(decode(kind, &name, value)?),
+            Kind::RequestAuthentication => {
+                Object::RequestAuthentication(decode(kind, &name, value)?)
+            }
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -355,6 +367,7 @@ impl Object {
             Object::TcpRoute(o) => &mut o.metadata,
             Object::Node(o) => &mut o.metadata,
             Object::EndpointSlice(o) => &mut o.metadata,
+            Object::RequestAuthentication(o) => &mut o.metadata,
         }
     }
 }

@@ -119,6 +119,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::TcpRoute => "tcproutes",
         Kind::Node => "nodes",
         Kind::EndpointSlice => "endpointslices",
+        Kind::RequestAuthentication => "requestauthentications",
     }
 }
 

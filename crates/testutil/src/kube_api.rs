@@ -158,6 +158,11 @@ pub fn mesh_crd_types() -> Vec<ResourceType> {
             "peerauthentications",
             "PeerAuthentication",
         ),
+        istio(
+            "security.istio.io",
+            "requestauthentications",
+            "RequestAuthentication",
+        ),
         gw("v1", "gateways", "Gateway", true),
         gw("v1", "gatewayclasses", "GatewayClass", false),
         gw("v1", "httproutes", "HTTPRoute", true),

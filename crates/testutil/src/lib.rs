@@ -8,6 +8,7 @@ mod fake_ads;
 mod fake_ca;
 mod fake_zds;
 mod http_app;
+mod jwt;
 pub mod kube_api;
 mod memory_snapshot;
 pub mod netns;
@@ -23,6 +24,7 @@ pub use fake_zds::{
     workload_info, AckResult, FakeZds, FakeZdsError, SnapshotItem, ACK_DEADLINE, CONNECT_WAIT,
 };
 pub use http_app::{http_call, http_get, http_request, HttpApp, HttpClientError, HttpResponse};
+pub use jwt::{JwtIssuer, JwtIssuerError};
 pub use memory_snapshot::MemorySnapshot;
 pub use netns::{Netns, NetnsError, TestNet};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};

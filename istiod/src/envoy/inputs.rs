@@ -4,7 +4,9 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use mesh_api::{AuthorizationPolicy, DestinationRule, GrpcRoute, HttpRoute, TcpRoute};
+use mesh_api::{
+    AuthorizationPolicy, DestinationRule, GrpcRoute, HttpRoute, RequestAuthentication, TcpRoute,
+};
 use serde::Serialize;
 
 /// A waypoint: the Gateway's namespace and name.
@@ -131,15 +133,23 @@ pub struct BoundService {
     /// AuthorizationPolicies attached to this service or to the waypoint (by `targetRefs`).
     #[serde(skip)]
     pub policies: Vec<WaypointPolicy>,
+    /// RequestAuthentications attached the same way: the JWTs the waypoint checks.
+    #[serde(skip)]
+    pub request_authns: Vec<WaypointRequestAuthn>,
+}
+
+/// An Istio policy in force on a waypoint for a service.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attached<T> {
+    /// `namespace/name`.
+    pub key: String,
+    pub policy: Arc<T>,
 }
 
 /// An AuthorizationPolicy in force on a waypoint for a service.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WaypointPolicy {
-    /// `namespace/name`.
-    pub key: String,
-    pub policy: Arc<AuthorizationPolicy>,
-}
+pub type WaypointPolicy = Attached<AuthorizationPolicy>;
+/// A RequestAuthentication in force on a waypoint for a service.
+pub type WaypointRequestAuthn = Attached<RequestAuthentication>;
 
 /// Everything one waypoint's configuration depends on.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -224,7 +224,7 @@ fn main_internal(inputs: &WaypointInputs, routes: &[ServiceRoutes]) -> Listener 
                 (_, Some(rc)) => Some(http_chain_filter(
                     &cluster,
                     rc.clone(),
-                    &svc_routes.rbac,
+                    svc_routes,
                     &inputs.access_log_file,
                 )),
             };
@@ -350,19 +350,18 @@ fn tcp_chain_filter(cluster: &str, target: tcp_proxy::ClusterSpecifier) -> Filte
     network_filter("envoy.filters.network.tcp_proxy", pack(&proxy))
 }
 
+/// A service port's HTTP connection manager: JWT authentication, then RBAC (as Istio orders
+/// them), faults, the router.
 fn http_chain_filter(
     cluster: &str,
     route_config: RouteConfiguration,
-    rbac: &[(
-        String,
-        mesh_proto::envoy::pb::envoy::extensions::filters::http::rbac::v3::Rbac,
-    )],
+    svc_routes: &ServiceRoutes,
     access_log_file: &str,
 ) -> Filter {
-    let mut http_filters: Vec<HttpFilter> = rbac
-        .iter()
-        .map(|(name, config)| http_filter(name, pack(config)))
-        .collect();
+    let jwt =
+        (svc_routes.jwt.iter()).map(|config| http_filter(super::jwt::JWT_FILTER, pack(config)));
+    let rbac = (svc_routes.rbac.iter()).map(|(name, config)| http_filter(name, pack(config)));
+    let mut http_filters: Vec<HttpFilter> = jwt.chain(rbac).collect();
     let faults = route_config
         .virtual_hosts
         .iter()

@@ -29,7 +29,7 @@ use mesh_proto::envoy::pb::envoy::r#type::matcher::v3::{
 use serde::Serialize;
 
 use super::inputs::WaypointPolicy;
-use super::names;
+use super::{jwt, names};
 
 /// A policy field the waypoint cannot enforce.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
@@ -326,10 +326,24 @@ impl Converter<'_> {
             }
         }
         if !s.request_principals.is_empty() || !s.not_request_principals.is_empty() {
-            if let Part::Never = self.unsupported::<()>(format!(
-                "{path}.requestPrincipals (JWT, needs a RequestAuthentication)"
-            )) {
-                return Part::Never;
+            if self.layer == Layer::Tcp {
+                if let Part::Never = self.unsupported::<()>(format!(
+                    "{path}.requestPrincipals on a TCP port (tokens are HTTP only)"
+                )) {
+                    return Part::Never;
+                }
+            } else {
+                for (values, not) in [
+                    (&s.request_principals, false),
+                    (&s.not_request_principals, true),
+                ] {
+                    if !values.is_empty() {
+                        let any = or_principal(
+                            values.iter().map(|v| jwt::request_principal(v)).collect(),
+                        );
+                        parts.push(if not { not_principal(any) } else { any });
+                    }
+                }
             }
         }
         if parts.is_empty() {
@@ -460,6 +474,35 @@ impl Converter<'_> {
             return self.unsupported(format!(
                 "{path}.key {key:?} on a TCP port (HTTP attributes cannot be checked there)"
             ));
+        }
+        // What the JWT filter verified (see `jwt.rs`).
+        let claim = |claim_path: &[&str]| values(&|v| jwt::claim(claim_path, glob(v)));
+        match key {
+            "request.auth.principal" => {
+                return Part::Match(Cond::Principal(values(&|v| jwt::request_principal(v))));
+            }
+            "request.auth.audiences" => return Part::Match(Cond::Principal(claim(&["aud"]))),
+            "request.auth.presenter" => return Part::Match(Cond::Principal(claim(&["azp"]))),
+            _ => {}
+        }
+        if key.starts_with("request.auth.claims") {
+            return match jwt::claim_path(key) {
+                Some(p) => Part::Match(Cond::Principal(claim(&p))),
+                None => {
+                    let effect = self.effect();
+                    self.errors.push(PolicyError::Invalid {
+                        policy: self.policy.to_string(),
+                        field: format!("{path}.key"),
+                        value: key.to_string(),
+                        effect,
+                    });
+                    if self.allow {
+                        Part::Never
+                    } else {
+                        Part::Skip
+                    }
+                }
+            };
         }
         if let Some(header) = key
             .strip_prefix("request.headers[")

@@ -87,6 +87,9 @@ pub enum RouteError {
     /// A part of an AuthorizationPolicy attached to the waypoint.
     #[error(transparent)]
     Policy(#[from] super::rbac::PolicyError),
+    /// A part of a RequestAuthentication attached to the waypoint.
+    #[error(transparent)]
+    Authn(#[from] super::jwt::AuthnError),
 }
 
 impl RouteError {
@@ -100,6 +103,7 @@ impl RouteError {
             RouteError::VirtualService { .. } => "virtual_service",
             RouteError::DestinationRule { .. } => "destination_rule",
             RouteError::Policy(e) => e.reason(),
+            RouteError::Authn(e) => e.reason(),
         }
     }
 }
@@ -111,6 +115,10 @@ pub struct ServiceRoutes {
     pub by_port: BTreeMap<u16, RouteConfiguration>,
     /// TCP service port -> the clusters a TCPRoute sends it to (absent: the port's own).
     pub tcp_by_port: BTreeMap<u16, TcpClusters>,
+    /// The JWT filter of the service's RequestAuthentications (HTTP ports).
+    pub jwt: Option<
+        mesh_proto::envoy::pb::envoy::extensions::filters::http::jwt_authn::v3::JwtAuthentication,
+    >,
     /// The RBAC HTTP filters of the service's policies (name, config).
     pub rbac: Vec<(
         String,
@@ -132,6 +140,9 @@ impl ServiceRoutes {
     ) -> ServiceRoutes {
         let mut by_port = BTreeMap::new();
         let mut policy_errors = Vec::new();
+        let mut authn_errors = Vec::new();
+        let jwt = super::jwt::filter(&svc.request_authns, &mut authn_errors);
+        errors.extend(authn_errors.into_iter().map(RouteError::Authn));
         let rbac = super::rbac::http_filters(&svc.policies, &mut policy_errors);
         let rbac_tcp = if svc.ports.iter().any(|p| p.protocol == Protocol::Tcp) {
             super::rbac::tcp_filters(&svc.policies, &mut policy_errors)
@@ -205,6 +216,7 @@ impl ServiceRoutes {
         ServiceRoutes {
             by_port,
             tcp_by_port,
+            jwt,
             rbac,
             rbac_tcp,
         }

@@ -53,6 +53,7 @@ fn service(name: &str, vip: &str, endpoints: Vec<Endpoint>) -> BoundService {
         virtual_services: Vec::new(),
         destination_rule: None,
         policies: Vec::new(),
+        request_authns: Vec::new(),
     }
 }
 
@@ -209,12 +210,12 @@ fn unsupported_policy_fields_fail_closed_and_are_reported() {
     inp.services[0].policies = vec![
         policy(
             r#"
-metadata: {name: jwt, namespace: shop}
+metadata: {name: keys, namespace: shop}
 spec:
   targetRefs: [{kind: Service, name: echo}]
   rules:
-  - from: [{source: {requestPrincipals: ["*"]}}]
-  - when: [{key: "request.auth.claims[group]", values: [admin]}]
+  - when: [{key: connection.sni, values: [echo.example]}]
+  - when: [{key: "request.auth.claims[]", values: [admin]}]
   - from: [{source: {ipBlocks: ["not-an-ip"]}}]
 "#,
         ),
@@ -235,11 +236,11 @@ spec:
         .collect();
     assert_eq!(text.len(), 4, "{text:#?}");
     assert!(
-        text[0].contains("shop/jwt")
-            && text[0].contains("rules[0].from[0].source.requestPrincipals"),
+        text[0].contains("shop/keys")
+            && text[0].contains("rules[0].when[0].key \"connection.sni\""),
         "{text:#?}"
     );
-    assert!(text[1].contains("request.auth.claims[group]") && text[1].contains("never matches"));
+    assert!(text[1].contains("request.auth.claims[]") && text[1].contains("never matches"));
     assert!(text[2].contains("not-an-ip"));
     assert!(text[3].contains("CUSTOM"));
     // The ALLOW policy had no usable rule: the ALLOW filter is still there and denies all.

@@ -19,7 +19,7 @@ use super::workload::bytes_ip;
 use super::ModelConfig;
 use crate::envoy::{
     generate_waypoint, BoundService, Endpoint, Protocol, ProxyResources, ServicePort,
-    WaypointInputs, WaypointKey, WaypointPolicy,
+    WaypointInputs, WaypointKey, WaypointPolicy, WaypointRequestAuthn,
 };
 
 /// Waypoint configuration by waypoint, shared by every snapshot until it changes.
@@ -173,12 +173,9 @@ impl WaypointIndex {
             }
             // Port names and appProtocol decide HTTP or TCP chains but are not all in WDS.
             Kind::Service | Kind::ServiceEntry => self.mark_service(&key.namespace, &key.name),
-            Kind::AuthorizationPolicy => {
+            Kind::AuthorizationPolicy | Kind::RequestAuthentication => {
                 for obj in [old, new].into_iter().flatten() {
-                    let Object::AuthorizationPolicy(p) = obj else {
-                        continue;
-                    };
-                    for r in target_refs(&p.spec) {
+                    for r in policy_target_refs(obj) {
                         match r.kind.as_str() {
                             "Gateway" => {
                                 self.dirty.insert(WaypointKey {
@@ -186,16 +183,10 @@ impl WaypointIndex {
                                     name: r.name.clone(),
                                 });
                             }
-                            "Service" => self.mark_service(&key.namespace, &r.name),
-                            "GatewayClass" => {
-                                let all: Vec<WaypointKey> = self
-                                    .bound
-                                    .keys()
-                                    .chain(self.views.keys())
-                                    .cloned()
-                                    .collect();
-                                self.dirty.extend(all);
+                            "Service" | "ServiceEntry" => {
+                                self.mark_service(&key.namespace, &r.name)
                             }
+                            "GatewayClass" => self.mark_all(),
                             _ => {}
                         }
                     }
@@ -381,6 +372,7 @@ impl WaypointIndex {
             virtual_services,
             destination_rule,
             policies: attached_policies(cfg, state, wp, &svc.namespace, &svc.name),
+            request_authns: attached_request_authns(cfg, state, wp, &svc.namespace, &svc.name),
         })
     }
 }
@@ -495,38 +487,45 @@ pub(crate) fn target_refs(
     spec.target_ref.iter().chain(spec.target_refs.iter())
 }
 
-/// AuthorizationPolicies in force for one service on one waypoint: those targeting the
-/// Service, the waypoint's Gateway, or (from the root namespace) the `istio-waypoint`
-/// GatewayClass. Policies with a selector are for ztunnel, not waypoints.
-fn attached_policies(
+/// `targetRef` and `targetRefs` of an AuthorizationPolicy or RequestAuthentication (none for
+/// other objects).
+fn policy_target_refs(obj: &Object) -> Vec<&mesh_api::PolicyTargetReference> {
+    match obj {
+        Object::AuthorizationPolicy(p) => target_refs(&p.spec).collect(),
+        Object::RequestAuthentication(p) => {
+            (p.spec.target_ref.iter().chain(&p.spec.target_refs)).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The policies of `kind` (AuthorizationPolicy or RequestAuthentication) in force for one
+/// service on one waypoint, by `namespace/name`: those targeting the Service or ServiceEntry,
+/// the waypoint's Gateway, or (from the root namespace) the `istio-waypoint` GatewayClass.
+/// Policies with a selector are for workloads, not waypoints.
+fn attached<'s>(
     cfg: &ModelConfig,
-    state: &State,
+    state: &'s State,
+    kind: Kind,
     wp: &WaypointKey,
     svc_ns: &str,
     svc_name: &str,
-) -> Vec<WaypointPolicy> {
-    let mut out: BTreeMap<String, WaypointPolicy> = BTreeMap::new();
+) -> Vec<(String, &'s Object)> {
+    let mut out: BTreeMap<String, &'s Object> = BTreeMap::new();
     let mut scan = |ns: &str, wanted: &dyn Fn(&mesh_api::PolicyTargetReference) -> bool| {
-        for obj in state.objects_in(Kind::AuthorizationPolicy, ns) {
-            let Object::AuthorizationPolicy(p) = obj else {
-                continue;
-            };
-            if target_refs(&p.spec).any(wanted) {
-                let key = format!("{ns}/{}", p.metadata.name.as_deref().unwrap_or_default());
-                out.insert(
-                    key.clone(),
-                    WaypointPolicy {
-                        key,
-                        policy: Arc::new((**p).clone()),
-                    },
-                );
+        for obj in state.objects_in(kind, ns) {
+            if policy_target_refs(obj).into_iter().any(wanted) {
+                let name = obj.metadata().name.as_deref().unwrap_or_default();
+                out.insert(format!("{ns}/{name}"), obj);
             }
         }
     };
     let group_ok =
         |r: &mesh_api::PolicyTargetReference, group: &str| r.group.is_empty() || r.group == group;
     scan(svc_ns, &|r| {
-        r.kind == "Service" && r.name == svc_name && group_ok(r, "")
+        r.name == svc_name
+            && ((r.kind == "Service" && group_ok(r, ""))
+                || (r.kind == "ServiceEntry" && group_ok(r, "networking.istio.io")))
     });
     scan(&wp.namespace, &|r| {
         r.kind == "Gateway" && r.name == wp.name && group_ok(r, "gateway.networking.k8s.io")
@@ -534,7 +533,54 @@ fn attached_policies(
     scan(&cfg.root_namespace, &|r| {
         r.kind == "GatewayClass" && r.name == WAYPOINT_CLASS
     });
-    out.into_values().collect()
+    out.into_iter().collect()
+}
+
+/// AuthorizationPolicies in force for one service on one waypoint (see [`attached`]).
+fn attached_policies(
+    cfg: &ModelConfig,
+    state: &State,
+    wp: &WaypointKey,
+    svc_ns: &str,
+    svc_name: &str,
+) -> Vec<WaypointPolicy> {
+    attached(cfg, state, Kind::AuthorizationPolicy, wp, svc_ns, svc_name)
+        .into_iter()
+        .filter_map(|(key, obj)| match obj {
+            Object::AuthorizationPolicy(p) => Some(WaypointPolicy {
+                key,
+                policy: Arc::new((**p).clone()),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// RequestAuthentications in force for one service on one waypoint (see [`attached`]).
+fn attached_request_authns(
+    cfg: &ModelConfig,
+    state: &State,
+    wp: &WaypointKey,
+    svc_ns: &str,
+    svc_name: &str,
+) -> Vec<WaypointRequestAuthn> {
+    attached(
+        cfg,
+        state,
+        Kind::RequestAuthentication,
+        wp,
+        svc_ns,
+        svc_name,
+    )
+    .into_iter()
+    .filter_map(|(key, obj)| match obj {
+        Object::RequestAuthentication(p) => Some(WaypointRequestAuthn {
+            key,
+            policy: Arc::new((**p).clone()),
+        }),
+        _ => None,
+    })
+    .collect()
 }
 
 fn decode(addresses: &ResourceMap, key: &str) -> Option<address::Type> {

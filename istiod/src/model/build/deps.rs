@@ -49,14 +49,16 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
     let new = m.state.get(key);
     let ns = key.namespace.as_str();
     match key.kind {
-        // Routes change waypoint configuration only (see `model::waypoints`).
+        // Routes and request authentication change waypoint configuration only (see
+        // `model::waypoints`).
         Kind::Pod
         | Kind::WorkloadEntry
         | Kind::HttpRoute
         | Kind::GrpcRoute
         | Kind::TcpRoute
         | Kind::VirtualService
-        | Kind::DestinationRule => {}
+        | Kind::DestinationRule
+        | Kind::RequestAuthentication => {}
         Kind::Deployment | Kind::ServiceAccount => {}
         // A Node's topology labels are its pods' locality; its status (heartbeats) is not read.
         Kind::Node => {

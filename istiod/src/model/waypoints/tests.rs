@@ -400,3 +400,57 @@ fn new_model_settings_regenerate_every_waypoint_and_only_changed_resources() {
     assert!(!m.has_pending(), "unchanged settings mark nothing");
     assert_eq!(m.version(), version);
 }
+
+fn request_authn(ns: &str, name: &str, spec: serde_json::Value) -> mesh_api::Object {
+    obj(json!({
+        "apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }))
+}
+
+/// Whether the waypoint's `main_internal` listener checks JWTs.
+fn checks_tokens(s: &Snapshot) -> bool {
+    let lds = s.waypoint(&key()).get(type_url::LISTENER).cloned();
+    lds.and_then(|m| m.get("main_internal").cloned())
+        .is_some_and(|l| {
+            String::from_utf8_lossy(&l.body.value).contains("envoy.filters.http.jwt_authn")
+        })
+}
+
+#[test]
+fn request_authentications_attach_like_waypoint_policies() {
+    let mut m = shop();
+    let rule = json!([{"issuer": "https://issuer.example",
+                       "jwks": r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#}]);
+    assert!(!checks_tokens(&m.build()));
+    // A selector is for sidecars; another namespace's Service of the same name is not this one.
+    m.apply(request_authn(
+        "shop",
+        "pods",
+        json!({"selector": {"matchLabels": {"app": "echo"}}, "jwtRules": rule}),
+    ));
+    m.apply(request_authn(
+        "other",
+        "echo",
+        json!({"targetRefs": [{"kind": "Service", "name": "echo"}], "jwtRules": rule}),
+    ));
+    assert!(!checks_tokens(&m.build()));
+    for spec in [
+        json!({"targetRefs": [{"kind": "Service", "group": "", "name": "echo"}], "jwtRules": rule}),
+        json!({"targetRef": {"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}, "jwtRules": rule}),
+    ] {
+        m.apply(request_authn("shop", "jwt", spec));
+        let s = m.build();
+        assert!(checks_tokens(&s), "{:?}", s.waypoint(&key()).errors);
+        m.delete(&ObjectKey::new(Kind::RequestAuthentication, "shop", "jwt"));
+        assert!(!checks_tokens(&m.build()));
+    }
+    // From the root namespace, on the class: every waypoint.
+    m.apply(request_authn(
+        "istio-system",
+        "mesh-jwt",
+        json!({"targetRefs": [{"kind": "GatewayClass", "group": "gateway.networking.k8s.io", "name": "istio-waypoint"}], "jwtRules": rule}),
+    ));
+    assert!(checks_tokens(&m.build()));
+}
