@@ -39,8 +39,8 @@ use mesh_proto::type_url;
 use mesh_xds::{Resource, ResourceMap};
 
 pub use inputs::{
-    BoundService, Endpoint, Protocol, ServicePort, WaypointInputs, WaypointKey, WaypointPolicy,
-    WaypointRequestAuthn,
+    Attached, BoundService, Endpoint, Protocol, ServicePort, WaypointInputs, WaypointKey,
+    WaypointPolicy, WaypointRequestAuthn,
 };
 pub use jwt::{validate as validate_request_authentication, AuthnError};
 pub use rbac::PolicyError;

@@ -17,9 +17,10 @@ use prost::Message;
 use super::state::{meta_labels, State};
 use super::workload::bytes_ip;
 use super::ModelConfig;
+use crate::envoy::Attached;
 use crate::envoy::{
     generate_waypoint, BoundService, Endpoint, Protocol, ProxyResources, ServicePort,
-    WaypointInputs, WaypointKey, WaypointPolicy, WaypointRequestAuthn,
+    WaypointInputs, WaypointKey,
 };
 
 /// Waypoint configuration by waypoint, shared by every snapshot until it changes.
@@ -371,8 +372,18 @@ impl WaypointIndex {
             tcp_routes,
             virtual_services,
             destination_rule,
-            policies: attached_policies(cfg, state, wp, &svc.namespace, &svc.name),
-            request_authns: attached_request_authns(cfg, state, wp, &svc.namespace, &svc.name),
+            policies: attached_as(
+                cfg,
+                state,
+                (Kind::AuthorizationPolicy, pick_authz),
+                (wp, &svc.namespace, &svc.name),
+            ),
+            request_authns: attached_as(
+                cfg,
+                state,
+                (Kind::RequestAuthentication, pick_authn),
+                (wp, &svc.namespace, &svc.name),
+            ),
         })
     }
 }
@@ -536,51 +547,36 @@ fn attached<'s>(
     out.into_iter().collect()
 }
 
-/// AuthorizationPolicies in force for one service on one waypoint (see [`attached`]).
-fn attached_policies(
+/// [`attached`] objects as typed policies, `pick` telling the type's objects.
+fn attached_as<T: Clone>(
     cfg: &ModelConfig,
     state: &State,
-    wp: &WaypointKey,
-    svc_ns: &str,
-    svc_name: &str,
-) -> Vec<WaypointPolicy> {
-    attached(cfg, state, Kind::AuthorizationPolicy, wp, svc_ns, svc_name)
+    (kind, pick): (Kind, fn(&Object) -> Option<&T>),
+    (wp, svc_ns, svc_name): (&WaypointKey, &str, &str),
+) -> Vec<Attached<T>> {
+    attached(cfg, state, kind, wp, svc_ns, svc_name)
         .into_iter()
-        .filter_map(|(key, obj)| match obj {
-            Object::AuthorizationPolicy(p) => Some(WaypointPolicy {
+        .filter_map(|(key, obj)| {
+            pick(obj).map(|p| Attached {
                 key,
-                policy: Arc::new((**p).clone()),
-            }),
-            _ => None,
+                policy: Arc::new(p.clone()),
+            })
         })
         .collect()
 }
 
-/// RequestAuthentications in force for one service on one waypoint (see [`attached`]).
-fn attached_request_authns(
-    cfg: &ModelConfig,
-    state: &State,
-    wp: &WaypointKey,
-    svc_ns: &str,
-    svc_name: &str,
-) -> Vec<WaypointRequestAuthn> {
-    attached(
-        cfg,
-        state,
-        Kind::RequestAuthentication,
-        wp,
-        svc_ns,
-        svc_name,
-    )
-    .into_iter()
-    .filter_map(|(key, obj)| match obj {
-        Object::RequestAuthentication(p) => Some(WaypointRequestAuthn {
-            key,
-            policy: Arc::new((**p).clone()),
-        }),
+fn pick_authz(o: &Object) -> Option<&mesh_api::AuthorizationPolicy> {
+    match o {
+        Object::AuthorizationPolicy(p) => Some(p),
         _ => None,
-    })
-    .collect()
+    }
+}
+
+fn pick_authn(o: &Object) -> Option<&mesh_api::RequestAuthentication> {
+    match o {
+        Object::RequestAuthentication(p) => Some(p),
+        _ => None,
+    }
 }
 
 fn decode(addresses: &ResourceMap, key: &str) -> Option<address::Type> {
