@@ -15,7 +15,6 @@
 //! verifies against, so tokens of that issuer are rejected with 401, as Istio does when it
 //! cannot fetch a key set. Every such problem is reported.
 
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use mesh_api::JwtRule;
@@ -177,7 +176,7 @@ impl Provider<'_> {
     }
 
     fn provider(&mut self, rule: &JwtRule) -> Option<JwtProvider> {
-        let Some(jwks) = self.key_set(rule) else {
+        let Some(mut jwks) = self.key_set(rule) else {
             tracing::error!(
                 policy = self.policy,
                 "no key could be drawn for a rejecting key set; the rule is left out"
@@ -198,6 +197,20 @@ impl Provider<'_> {
                 name: h.name.clone(),
                 value_prefix: h.prefix.clone(),
             });
+        }
+        // Without any location left Envoy would read the default ones instead: where the rule
+        // named only bad locations, its tokens are rejected rather than read elsewhere.
+        let no_location_left = !rule.from_headers.is_empty()
+            && from_headers.is_empty()
+            && rule.from_params.is_empty()
+            && rule.from_cookies.is_empty();
+        if no_location_left {
+            self.invalid(
+                "fromHeaders",
+                "no valid token location is left".into(),
+                REJECTED,
+            );
+            jwks = unusable_jwks()?;
         }
         let mut claim_to_headers = Vec::new();
         for (i, c) in rule.output_claim_to_headers.iter().enumerate() {
@@ -295,214 +308,6 @@ impl Provider<'_> {
         });
         unusable_jwks()
     }
-}
-
-/// Istio's validation of a RequestAuthentication (what its webhook refuses), as the first
-/// problem found.
-pub fn validate(ra: &mesh_api::RequestAuthentication) -> Result<(), String> {
-    let spec = &ra.spec;
-    let refs: Vec<&mesh_api::PolicyTargetReference> =
-        spec.target_ref.iter().chain(&spec.target_refs).collect();
-    if spec.selector.is_some() && !refs.is_empty() {
-        return Err("only one of targetRefs or workloadSelector can be set".into());
-    }
-    for (i, r) in refs.iter().enumerate() {
-        let kind_ok = matches!(
-            (r.group.as_str(), r.kind.as_str()),
-            ("", "Service")
-                | ("networking.istio.io", "ServiceEntry")
-                | ("gateway.networking.k8s.io" | "", "Gateway" | "GatewayClass")
-        );
-        if !kind_ok {
-            return Err(format!(
-                "targetRefs[{i}]: {}/{} is not a Service, ServiceEntry, Gateway or GatewayClass",
-                r.group, r.kind
-            ));
-        }
-        if r.name.is_empty() {
-            return Err(format!("targetRefs[{i}]: name is required"));
-        }
-        if r.namespace
-            .as_deref()
-            .is_some_and(|ns| !ns.is_empty() && Some(ns) != ra.metadata.namespace.as_deref())
-        {
-            return Err(format!(
-                "targetRefs[{i}]: cross namespace referencing is not supported"
-            ));
-        }
-    }
-    for (i, rule) in spec.jwt_rules.iter().enumerate() {
-        let at = |what: String| format!("jwtRules[{i}]: {what}");
-        if rule.issuer.is_empty() && rule.jwks_uri.is_empty() {
-            return Err(at("issuer or jwksUri must be set".into()));
-        }
-        if rule.audiences.iter().any(String::is_empty) {
-            return Err(at("audiences must not be empty".into()));
-        }
-        if !rule.jwks_uri.is_empty() && !is_http_url(&rule.jwks_uri) {
-            return Err(at(format!(
-                "jwksUri {:?} is not an http(s) URL",
-                rule.jwks_uri
-            )));
-        }
-        if !rule.jwks.is_empty() {
-            check_jwks(&rule.jwks).map_err(|e| at(format!("jwks: {e}")))?;
-        }
-        if let Some(h) = rule.from_headers.iter().find(|h| !is_header_name(&h.name)) {
-            return Err(at(format!(
-                "fromHeaders: {:?} is not a header name",
-                h.name
-            )));
-        }
-        if rule.from_params.iter().any(String::is_empty) {
-            return Err(at("fromParams must not be empty".into()));
-        }
-        if rule.from_cookies.iter().any(String::is_empty) {
-            return Err(at("fromCookies must not be empty".into()));
-        }
-        if let Some(c) = (rule.output_claim_to_headers.iter())
-            .find(|c| !is_header_name(&c.header) || c.claim.is_empty())
-        {
-            return Err(at(format!(
-                "outputClaimToHeaders needs a header name and a claim (header {:?}, claim {:?})",
-                c.header, c.claim
-            )));
-        }
-        if let Some(t) = &rule.timeout {
-            if super::virtual_service::istio_duration(t).is_none_or(|d| d == Duration::ZERO) {
-                return Err(at(format!("timeout {t:?} is not a positive duration")));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `http://` or `https://` with a host.
-fn is_http_url(uri: &str) -> bool {
-    let rest = uri
-        .strip_prefix("https://")
-        .or_else(|| uri.strip_prefix("http://"));
-    rest.and_then(|r| r.split(['/', '?', '#']).next())
-        .is_some_and(|host| !host.is_empty() && !host.contains(char::is_whitespace))
-}
-
-/// A JSON Web Key Set Envoy will load: an object whose `keys` is a non-empty list, each key
-/// complete for its type. Envoy refuses a whole listener over one bad key, so anything it
-/// might refuse is caught here and reported instead.
-fn check_jwks(jwks: &str) -> Result<(), String> {
-    let value: serde_json::Value =
-        serde_json::from_str(jwks).map_err(|e| format!("not JSON: {e}"))?;
-    let keys = value
-        .get("keys")
-        .and_then(|k| k.as_array())
-        .ok_or("not a key set (no \"keys\" list)")?;
-    if keys.is_empty() {
-        return Err("the key set has no keys".into());
-    }
-    for (i, k) in keys.iter().enumerate() {
-        check_jwk(k).map_err(|e| format!("keys[{i}]: {e}"))?;
-    }
-    Ok(())
-}
-
-fn check_jwk(key: &serde_json::Value) -> Result<(), String> {
-    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    use base64::Engine as _;
-    let field = |name: &str| -> Result<Vec<u8>, String> {
-        let text = key
-            .get(name)
-            .and_then(|v| v.as_str())
-            .ok_or_else(|| format!("no \"{name}\""))?;
-        let bytes = URL_SAFE_NO_PAD
-            .decode(text.trim_end_matches('='))
-            .map_err(|e| format!("\"{name}\" is not base64url: {e}"))?;
-        if bytes.is_empty() {
-            return Err(format!("\"{name}\" is empty"));
-        }
-        Ok(bytes)
-    };
-    for name in ["kid", "alg", "use"] {
-        if key.get(name).is_some_and(|v| !v.is_string()) {
-            return Err(format!("\"{name}\" is not a string"));
-        }
-    }
-    match key.get("kty").and_then(|t| t.as_str()) {
-        Some("RSA") => {
-            let n = field("n")?;
-            let e = field("e")?;
-            // Keys below 1024 bits and exponents beyond 32 bits are refused.
-            if n.iter().skip_while(|b| **b == 0).count() < 128 {
-                return Err("\"n\" is shorter than 1024 bits".into());
-            }
-            if e.iter().skip_while(|b| **b == 0).count() > 4 {
-                return Err("\"e\" is longer than 32 bits".into());
-            }
-            Ok(())
-        }
-        Some("EC") => {
-            let crv = key.get("crv").and_then(|c| c.as_str()).unwrap_or("P-256");
-            let (alg, size) = match crv {
-                "P-256" => (&ring::agreement::ECDH_P256, 32),
-                "P-384" => (&ring::agreement::ECDH_P384, 48),
-                other => return Err(format!("curve {other:?} is not supported (P-256, P-384)")),
-            };
-            let (x, y) = (field("x")?, field("y")?);
-            if x.len() != size || y.len() != size {
-                return Err(format!("\"x\" and \"y\" must be {size} bytes for {crv}"));
-            }
-            let mut point = Vec::with_capacity(1 + 2 * size);
-            point.push(4);
-            point.extend_from_slice(&x);
-            point.extend_from_slice(&y);
-            on_curve(alg, &point)
-                .then_some(())
-                .ok_or_else(|| format!("the point is not on {crv}"))
-        }
-        Some("OKP") => match key.get("crv").and_then(|c| c.as_str()) {
-            Some("Ed25519") if field("x")?.len() == 32 => Ok(()),
-            Some("Ed25519") => Err("\"x\" must be 32 bytes for Ed25519".into()),
-            other => Err(format!("OKP curve {other:?} is not supported (Ed25519)")),
-        },
-        Some("oct") => field("k").map(|_| ()),
-        Some(other) => Err(format!("key type {other:?} is not supported")),
-        None => Err("no \"kty\"".into()),
-    }
-}
-
-/// Whether `point` (uncompressed) is a valid public key on the curve of `alg`: an ECDH
-/// agreement with it succeeds only then.
-fn on_curve(alg: &'static ring::agreement::Algorithm, point: &[u8]) -> bool {
-    let rng = ring::rand::SystemRandom::new();
-    let Ok(ours) = ring::agreement::EphemeralPrivateKey::generate(alg, &rng) else {
-        return false;
-    };
-    let peer = ring::agreement::UnparsedPublicKey::new(alg, point);
-    ring::agreement::agree_ephemeral(ours, &peer, |_| ()).is_ok()
-}
-
-/// A key set no token verifies against: the public half of a P-256 key drawn when istiod
-/// starts, whose private half was dropped at once. `None` if no key could be drawn.
-fn unusable_jwks() -> Option<String> {
-    static KEY_SET: LazyLock<Option<String>> = LazyLock::new(|| {
-        use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-        use base64::Engine as _;
-        use ring::signature::{EcdsaKeyPair, KeyPair, ECDSA_P256_SHA256_FIXED_SIGNING};
-        let rng = ring::rand::SystemRandom::new();
-        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).ok()?;
-        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
-            .ok()?;
-        // An uncompressed point: 0x04, x, y.
-        let point = key.public_key().as_ref();
-        let (x, y) = (point.get(1..33)?, point.get(33..65)?);
-        Some(
-            serde_json::json!({"keys": [{
-                "kty": "EC", "crv": "P-256", "kid": "unusable",
-                "x": URL_SAFE_NO_PAD.encode(x), "y": URL_SAFE_NO_PAD.encode(y),
-            }]})
-            .to_string(),
-        )
-    });
-    KEY_SET.clone()
 }
 
 /// An HTTP header name (an RFC 9110 token).
@@ -636,6 +441,12 @@ pub fn claim_path(key: &str) -> Option<Vec<&str>> {
     }
     (!path.is_empty()).then_some(path)
 }
+
+mod jwks;
+mod validate;
+
+use jwks::{check_jwks, unusable_jwks};
+pub use validate::validate;
 
 #[cfg(test)]
 mod tests;

@@ -376,13 +376,13 @@ impl WaypointIndex {
                 cfg,
                 state,
                 (Kind::AuthorizationPolicy, pick_authz),
-                (wp, &svc.namespace, &svc.name),
+                (wp, (&svc.namespace, &svc.name, &svc.hostname)),
             ),
             request_authns: attached_as(
                 cfg,
                 state,
                 (Kind::RequestAuthentication, pick_authn),
-                (wp, &svc.namespace, &svc.name),
+                (wp, (&svc.namespace, &svc.name, &svc.hostname)),
             ),
         })
     }
@@ -519,8 +519,7 @@ fn attached<'s>(
     state: &'s State,
     kind: Kind,
     wp: &WaypointKey,
-    svc_ns: &str,
-    svc_name: &str,
+    (svc_ns, svc_name, hostname): (&str, &str, &str),
 ) -> Vec<(String, &'s Object)> {
     let mut out: BTreeMap<String, &'s Object> = BTreeMap::new();
     let mut scan = |ns: &str, wanted: &dyn Fn(&mesh_api::PolicyTargetReference) -> bool| {
@@ -533,10 +532,15 @@ fn attached<'s>(
     };
     let group_ok =
         |r: &mesh_api::PolicyTargetReference, group: &str| r.group.is_empty() || r.group == group;
+    // A Kubernetes Service and a ServiceEntry may share a name: each targets only its own.
+    let kubernetes = hostname == format!("{svc_name}.{svc_ns}.svc.{}", cfg.domain_suffix);
     scan(svc_ns, &|r| {
         r.name == svc_name
-            && ((r.kind == "Service" && group_ok(r, ""))
-                || (r.kind == "ServiceEntry" && group_ok(r, "networking.istio.io")))
+            && if kubernetes {
+                r.kind == "Service" && group_ok(r, "")
+            } else {
+                r.kind == "ServiceEntry" && r.group == "networking.istio.io"
+            }
     });
     scan(&wp.namespace, &|r| {
         r.kind == "Gateway" && r.name == wp.name && group_ok(r, "gateway.networking.k8s.io")
@@ -552,9 +556,9 @@ fn attached_as<T: Clone>(
     cfg: &ModelConfig,
     state: &State,
     (kind, pick): (Kind, fn(&Object) -> Option<&T>),
-    (wp, svc_ns, svc_name): (&WaypointKey, &str, &str),
+    (wp, svc): (&WaypointKey, (&str, &str, &str)),
 ) -> Vec<Attached<T>> {
-    attached(cfg, state, kind, wp, svc_ns, svc_name)
+    attached(cfg, state, kind, wp, svc)
         .into_iter()
         .filter_map(|(key, obj)| {
             pick(obj).map(|p| Attached {

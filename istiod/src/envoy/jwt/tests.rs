@@ -161,8 +161,12 @@ spec:
   - issuer: https://headers.example
     jwks: '{JWKS}'
     fromHeaders: [{{name: "bad header"}}]
+    fromParams: [token]
     outputClaimToHeaders: [{{header: x-ok, claim: ""}}]
     timeout: soon
+  - issuer: https://nowhere.example
+    jwks: '{JWKS}'
+    fromHeaders: [{{name: ""}}]
 "#
     ));
     let mut errors = Vec::new();
@@ -178,9 +182,13 @@ spec:
     assert!(has("fromHeaders[0].name"), "{text:#?}");
     assert!(has("outputClaimToHeaders[0]"), "{text:#?}");
     assert!(has("timeout"), "{text:#?}");
-    // Three providers stay (the rule without issuer or key source is dropped); the broken and
-    // remote ones verify nothing.
-    assert_eq!(jwt.providers.len(), 3);
+    assert!(
+        has("fromHeaders: no valid token location is left"),
+        "{text:#?}"
+    );
+    // Four providers stay (the rule without issuer or key source is dropped); the broken, the
+    // remote and the one without a valid location verify nothing.
+    assert_eq!(jwt.providers.len(), 4);
     for p in jwt.providers.values() {
         let Some(JwksSourceSpecifier::LocalJwks(d)) = &p.jwks_source_specifier else {
             panic!("{p:?}")
@@ -391,4 +399,98 @@ fn key_sets_envoy_would_refuse_are_caught() {
     assert_eq!(check_jwks(JWKS), Ok(()));
     let unusable = unusable_jwks().expect("a key");
     assert_eq!(check_jwks(&unusable), Ok(()), "{unusable}");
+}
+
+/// Keys of every type the check accepts, as a key set Envoy must load.
+fn every_key_type() -> String {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    use ring::signature::{EcdsaKeyPair, Ed25519KeyPair, KeyPair, ECDSA_P384_SHA384_FIXED_SIGNING};
+    let rng = ring::rand::SystemRandom::new();
+    let p384 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P384_SHA384_FIXED_SIGNING, &rng).expect("p384");
+    let p384 = EcdsaKeyPair::from_pkcs8(&ECDSA_P384_SHA384_FIXED_SIGNING, p384.as_ref(), &rng)
+        .expect("p384 key");
+    let point = p384.public_key().as_ref();
+    let ed = Ed25519KeyPair::generate_pkcs8(&rng).expect("ed25519");
+    let ed = Ed25519KeyPair::from_pkcs8(ed.as_ref()).expect("ed25519 key");
+    // The RSA public key of RFC 7517's example (appendix A.1).
+    let rsa_n = "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWWRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw";
+    let jwks: serde_json::Value = serde_json::from_str(JWKS).expect("jwks");
+    let mut keys = jwks["keys"].as_array().cloned().expect("keys");
+    keys.extend([
+        serde_json::json!({"kty": "EC", "alg": "ES384", "kid": "p384",
+            "x": URL_SAFE_NO_PAD.encode(&point[1..49]), "y": URL_SAFE_NO_PAD.encode(&point[49..97])}),
+        serde_json::json!({"kty": "RSA", "alg": "RS256", "kid": "rsa", "n": rsa_n, "e": "AQAB"}),
+        serde_json::json!({"kty": "RSA", "alg": "PS384", "kid": "rsa-pss", "n": rsa_n, "e": "AQAB"}),
+        serde_json::json!({"kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "kid": "ed",
+            "x": URL_SAFE_NO_PAD.encode(ed.public_key().as_ref())}),
+        serde_json::json!({"kty": "oct", "alg": "HS256", "kid": "hmac", "k": "c2VjcmV0LWtleQ"}),
+    ]);
+    serde_json::json!({"keys": keys}).to_string()
+}
+
+#[test]
+fn key_types_and_algorithms_must_fit() {
+    let every = every_key_type();
+    assert_eq!(check_jwks(&every), Ok(()), "{every}");
+    let rsa = |e: &str, alg: &str| {
+        let mut k: serde_json::Value = serde_json::from_str(&every).expect("json");
+        let rsa = k["keys"][2].clone();
+        let mut rsa = rsa.as_object().cloned().expect("rsa");
+        rsa.insert("e".into(), e.into());
+        rsa.insert("alg".into(), alg.into());
+        k["keys"] = serde_json::json!([rsa]);
+        k.to_string()
+    };
+    for (jwks, want) in [
+        (rsa("BQ", "RS256"), "3 or 65537"),
+        (rsa("AQAB", "ES256"), "does not fit"),
+        (
+            JWKS.replace("\"crv\":\"P-256\"", "\"crv\":1"),
+            "\"crv\" is not a string",
+        ),
+        (
+            JWKS.replace("\"crv\":\"P-256\"", "\"alg\":\"ES384\""),
+            "must be 48 bytes",
+        ),
+        (
+            JWKS.replace("\"crv\":\"P-256\"", "\"crv\":\"P-256\",\"alg\":\"ES384\""),
+            "does not fit",
+        ),
+        (
+            r#"{"keys":[{"kty":"oct","k":"c2VjcmV0","alg":"RS256"}]}"#.to_string(),
+            "does not fit",
+        ),
+    ] {
+        let got = check_jwks(&jwks).expect_err(&jwks);
+        assert!(got.contains(want), "{jwks}: {got}");
+    }
+}
+
+#[test]
+fn envoy_loads_every_key_set_the_check_accepts() {
+    let Some(envoy) = envoy_or_skip() else {
+        return;
+    };
+    let mut inp = inputs();
+    inp.services[0].request_authns = vec![authn(&format!(
+        r#"
+metadata: {{name: every, namespace: shop}}
+spec:
+  targetRefs: [{{kind: Service, name: echo}}]
+  jwtRules:
+  - issuer: https://every.example
+    jwks: '{}'
+"#,
+        every_key_type()
+    ))];
+    let res = generate_waypoint(&inp, 1);
+    assert!(
+        res.errors
+            .iter()
+            .all(|e| !matches!(e, RouteError::Authn(_))),
+        "{:?}",
+        res.errors
+    );
+    envoy_validates(&envoy, &res);
 }

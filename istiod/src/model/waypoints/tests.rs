@@ -435,6 +435,12 @@ fn request_authentications_attach_like_waypoint_policies() {
         "echo",
         json!({"targetRefs": [{"kind": "Service", "name": "echo"}], "jwtRules": rule}),
     ));
+    // A ServiceEntry reference does not name the Kubernetes Service of the same name.
+    m.apply(request_authn(
+        "shop",
+        "entry",
+        json!({"targetRefs": [{"kind": "ServiceEntry", "group": "networking.istio.io", "name": "echo"}], "jwtRules": rule}),
+    ));
     assert!(!checks_tokens(&m.build()));
     for spec in [
         json!({"targetRefs": [{"kind": "Service", "group": "", "name": "echo"}], "jwtRules": rule}),
