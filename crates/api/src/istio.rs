@@ -69,6 +69,28 @@ pub struct PolicyTargetReference {
     pub namespace: Option<String>,
 }
 
+/// `targetRef` then `targetRefs` (a policy may use either).
+fn targets<'a>(
+    one: &'a Option<PolicyTargetReference>,
+    many: &'a [PolicyTargetReference],
+) -> impl Iterator<Item = &'a PolicyTargetReference> {
+    one.iter().chain(many)
+}
+
+impl AuthorizationPolicySpec {
+    /// `targetRef` and `targetRefs` together.
+    pub fn targets(&self) -> impl Iterator<Item = &PolicyTargetReference> {
+        targets(&self.target_ref, &self.target_refs)
+    }
+}
+
+impl RequestAuthenticationSpec {
+    /// `targetRef` and `targetRefs` together.
+    pub fn targets(&self) -> impl Iterator<Item = &PolicyTargetReference> {
+        targets(&self.target_ref, &self.target_refs)
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum AuthorizationAction {

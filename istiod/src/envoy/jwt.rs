@@ -32,7 +32,7 @@ use mesh_proto::envoy::pb::envoy::extensions::filters::http::jwt_authn::v3::{
 };
 use mesh_proto::envoy::pb::envoy::r#type::matcher::v3::{
     list_matcher, metadata_matcher, string_matcher::MatchPattern, value_matcher, ListMatcher,
-    MetadataMatcher, OrMatcher, RegexMatcher, StringMatcher, ValueMatcher,
+    MetadataMatcher, OrMatcher, ValueMatcher,
 };
 use mesh_proto::envoy::pb::google::protobuf::Empty;
 use serde::Serialize;
@@ -312,24 +312,14 @@ impl Provider<'_> {
 
 /// An HTTP header name (an RFC 9110 token).
 fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    http::HeaderName::from_bytes(name.as_bytes()).is_ok()
 }
 
-fn string_matcher(pattern: MatchPattern) -> StringMatcher {
-    StringMatcher {
-        match_pattern: Some(pattern),
-        ..StringMatcher::default()
-    }
-}
+use super::rbac::string_matcher;
 
+/// A claim that is present (Istio's `*`).
 fn present() -> MatchPattern {
-    MatchPattern::SafeRegex(RegexMatcher {
-        regex: ".+".into(),
-        ..RegexMatcher::default()
-    })
+    super::rbac::glob("*")
 }
 
 /// The verified payload's value at `claim_path` matching `value`.

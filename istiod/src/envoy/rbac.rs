@@ -216,6 +216,22 @@ impl Converter<'_> {
         }
     }
 
+    /// Reports a malformed value; like [`Self::unsupported`], it fails closed.
+    fn invalid<T>(&mut self, field: String, value: String) -> Part<T> {
+        let effect = self.effect();
+        self.errors.push(PolicyError::Invalid {
+            policy: self.policy.to_string(),
+            field,
+            value,
+            effect,
+        });
+        if self.allow {
+            Part::Never
+        } else {
+            Part::Skip
+        }
+    }
+
     fn rule(&mut self, i: usize, rule: &Rule) -> Option<Policy> {
         let mut principals = Vec::new();
         for (j, from) in rule.from.iter().enumerate() {
@@ -307,14 +323,9 @@ impl Converter<'_> {
                         identifier: Some(principal::Identifier::DirectRemoteIp(c)),
                     }),
                     None => {
-                        let effect = self.effect();
-                        self.errors.push(PolicyError::Invalid {
-                            policy: self.policy.to_string(),
-                            field: format!("{path}.{field}"),
-                            value: v.clone(),
-                            effect,
-                        });
-                        if self.allow {
+                        if let Part::Never =
+                            self.invalid::<()>(format!("{path}.{field}"), v.clone())
+                        {
                             return Part::Never;
                         }
                     }
@@ -375,14 +386,7 @@ impl Converter<'_> {
         }
         for (field, values) in [("ports", &o.ports), ("notPorts", &o.not_ports)] {
             for v in values.iter().filter(|v| v.parse::<u16>().is_err()) {
-                let effect = self.effect();
-                self.errors.push(PolicyError::Invalid {
-                    policy: self.policy.to_string(),
-                    field: format!("{path}.{field}"),
-                    value: v.clone(),
-                    effect,
-                });
-                if self.allow {
+                if let Part::Never = self.invalid::<()>(format!("{path}.{field}"), v.clone()) {
                     return Part::Never;
                 }
             }
@@ -488,20 +492,7 @@ impl Converter<'_> {
         if key.starts_with("request.auth.claims") {
             return match jwt::claim_path(key) {
                 Some(p) => Part::Match(Cond::Principal(claim(&p))),
-                None => {
-                    let effect = self.effect();
-                    self.errors.push(PolicyError::Invalid {
-                        policy: self.policy.to_string(),
-                        field: format!("{path}.key"),
-                        value: key.to_string(),
-                        effect,
-                    });
-                    if self.allow {
-                        Part::Never
-                    } else {
-                        Part::Skip
-                    }
-                }
+                None => self.invalid(format!("{path}.key"), key.to_string()),
             };
         }
         if let Some(header) = key
@@ -530,14 +521,9 @@ impl Converter<'_> {
                             rule: Some(permission::Rule::DestinationPort(u32::from(p))),
                         }),
                         Err(_) => {
-                            let effect = self.effect();
-                            self.errors.push(PolicyError::Invalid {
-                                policy: self.policy.to_string(),
-                                field: format!("{path}.values"),
-                                value: v.clone(),
-                                effect,
-                            });
-                            if self.allow {
+                            if let Part::Never =
+                                self.invalid::<()>(format!("{path}.values"), v.clone())
+                            {
                                 return None;
                             }
                         }
@@ -567,7 +553,7 @@ enum Cond {
 }
 
 /// Istio's value patterns: `*` (present), `prefix*`, `*suffix`, or exact.
-fn glob(v: &str) -> MatchPattern {
+pub(super) fn glob(v: &str) -> MatchPattern {
     if v == "*" {
         MatchPattern::SafeRegex(RegexMatcher {
             regex: ".+".into(),
@@ -618,7 +604,7 @@ fn regex_escape(s: &str) -> String {
     regex::escape(s)
 }
 
-fn string_matcher(pattern: MatchPattern) -> StringMatcher {
+pub(super) fn string_matcher(pattern: MatchPattern) -> StringMatcher {
     StringMatcher {
         match_pattern: Some(pattern),
         ..StringMatcher::default()

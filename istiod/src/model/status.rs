@@ -11,7 +11,6 @@ use mesh_api::{
 };
 
 use super::state::{meta_labels, State, NO_LABELS};
-use super::waypoints::target_refs;
 use super::workload;
 use super::{ModelConfig, ModelError};
 
@@ -103,7 +102,7 @@ pub(crate) fn compute(
                 continue;
             };
             let key = obj.key();
-            let targets: Vec<&PolicyTargetReference> = target_refs(&p.spec).collect();
+            let targets: Vec<&PolicyTargetReference> = p.spec.targets().collect();
             let (writer, mut c) = if targets.is_empty() {
                 let errs = errors.get(&key).map(Vec::as_slice).unwrap_or_default();
                 (StatusWriter::ZtunnelPolicy, ztunnel_accepted(errs))

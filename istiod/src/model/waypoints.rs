@@ -491,21 +491,12 @@ fn destination_rule_for(
     None
 }
 
-/// `targetRef` and `targetRefs` of a policy.
-pub(crate) fn target_refs(
-    spec: &mesh_api::AuthorizationPolicySpec,
-) -> impl Iterator<Item = &mesh_api::PolicyTargetReference> {
-    spec.target_ref.iter().chain(spec.target_refs.iter())
-}
-
 /// `targetRef` and `targetRefs` of an AuthorizationPolicy or RequestAuthentication (none for
 /// other objects).
 fn policy_target_refs(obj: &Object) -> Vec<&mesh_api::PolicyTargetReference> {
     match obj {
-        Object::AuthorizationPolicy(p) => target_refs(&p.spec).collect(),
-        Object::RequestAuthentication(p) => {
-            (p.spec.target_ref.iter().chain(&p.spec.target_refs)).collect()
-        }
+        Object::AuthorizationPolicy(p) => p.spec.targets().collect(),
+        Object::RequestAuthentication(p) => p.spec.targets().collect(),
         _ => Vec::new(),
     }
 }

@@ -6,8 +6,7 @@ use std::time::Duration;
 /// problem found.
 pub fn validate(ra: &mesh_api::RequestAuthentication) -> Result<(), String> {
     let spec = &ra.spec;
-    let refs: Vec<&mesh_api::PolicyTargetReference> =
-        spec.target_ref.iter().chain(&spec.target_refs).collect();
+    let refs: Vec<&mesh_api::PolicyTargetReference> = spec.targets().collect();
     if spec.target_ref.is_some() && !spec.target_refs.is_empty() {
         return Err("only one of targetRef or targetRefs can be set".into());
     }
