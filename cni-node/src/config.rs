@@ -11,7 +11,8 @@
 //! | `PLUGIN_EVENT_SOCKET` | `/var/run/istio-cni/pluginevent.sock` | where the CNI plugin posts ADD events |
 //! | `AGENT_STATE_DIR` | `/var/run/istio-cni/state` | the agent's pod records (`pods.json`); under the chart's `/var/run/istio-cni` hostPath, cleared on reboot with the netns it names |
 //! | `AGENT_READINESS_ADDR` | `0.0.0.0:8000` | `/readyz` (istio-cni's port 8000) |
-//! | `EXCLUDED_NAMESPACES` | `kube-system` | comma-separated namespaces never enrolled (chart `excludeNamespaces`) |
+//! | `AMBIENT_ENABLED` | `true` | enroll pods at all (chart `ambient.enabled`; the cni chart sets it, `true` under the ambient profile) |
+//! | `EXCLUDE_NAMESPACES` (older name `EXCLUDED_NAMESPACES`) | `kube-system` | comma-separated namespaces never enrolled (chart `excludeNamespaces`) |
 //! | `AMBIENT_DNS_CAPTURE` | `true` | capture DNS by default (chart `ambient.dnsCapture`) |
 //! | `AMBIENT_RECONCILE_POD_RULES_ON_STARTUP` | `true` | re-apply the capture of recorded pods at start (chart `ambient.reconcileIptablesOnStartup`) |
 //! | `NODE_NAME` | unset | this node; with it, selected pods on this node that the agent has no record of are looked up in `/proc` |
@@ -32,6 +33,9 @@ pub const INPOD_UDS: &str = "INPOD_UDS";
 pub const PLUGIN_EVENT_SOCKET: &str = "PLUGIN_EVENT_SOCKET";
 pub const AGENT_STATE_DIR: &str = "AGENT_STATE_DIR";
 pub const AGENT_READINESS_ADDR: &str = "AGENT_READINESS_ADDR";
+pub const AMBIENT_ENABLED: &str = "AMBIENT_ENABLED";
+pub const EXCLUDE_NAMESPACES: &str = "EXCLUDE_NAMESPACES";
+/// The name istio-cni used for [`EXCLUDE_NAMESPACES`] before; still read when that is unset.
 pub const EXCLUDED_NAMESPACES: &str = "EXCLUDED_NAMESPACES";
 pub const AMBIENT_DNS_CAPTURE: &str = "AMBIENT_DNS_CAPTURE";
 pub const AMBIENT_RECONCILE_POD_RULES_ON_STARTUP: &str = "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP";
@@ -214,7 +218,11 @@ impl Config {
                 });
             }
         }
-        let excluded_namespaces: BTreeSet<String> = match v.get(EXCLUDED_NAMESPACES) {
+        let ambient_enabled = v.bool(AMBIENT_ENABLED, true);
+        let excluded = v
+            .get(EXCLUDE_NAMESPACES)
+            .or_else(|| v.get(EXCLUDED_NAMESPACES));
+        let excluded_namespaces: BTreeSet<String> = match excluded {
             Some(list) => list
                 .split(',')
                 .map(str::trim)
@@ -237,6 +245,7 @@ impl Config {
             state_dir: v.path(AGENT_STATE_DIR, DEFAULT_STATE_DIR),
             readiness_addr,
             selection: SelectionConfig {
+                ambient_enabled,
                 excluded_namespaces,
                 dns_capture,
             },
@@ -306,6 +315,23 @@ mod tests {
         assert!(!config.reconcile_on_start);
         assert_eq!(config.readiness_addr.to_string(), "127.0.0.1:0");
         assert_eq!(config.node_name.as_deref(), Some("node1"));
+        assert!(config.selection.ambient_enabled);
+    }
+
+    #[test]
+    fn the_charts_names_for_ambient_and_excluded_namespaces() {
+        let config = Config::from_vars(vars(&[
+            (CLUSTER_CONFIG_DIR, "/c"),
+            (AMBIENT_ENABLED, "false"),
+            (EXCLUDE_NAMESPACES, "kube-system,infra"),
+            (EXCLUDED_NAMESPACES, "ignored-when-the-new-name-is-set"),
+        ]))
+        .expect("ok");
+        assert!(!config.selection.ambient_enabled);
+        assert_eq!(
+            config.selection.excluded_namespaces,
+            ["infra".to_string(), "kube-system".to_string()].into()
+        );
     }
 
     #[test]

@@ -29,6 +29,9 @@ pub const DEFAULT_EXCLUDED_NAMESPACES: &[&str] = &["kube-system"];
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SelectionConfig {
+    /// `AMBIENT_ENABLED`: with ambient off (the cni chart without the ambient profile) the
+    /// plugin stays chained but no pod is enrolled.
+    pub ambient_enabled: bool,
     pub excluded_namespaces: BTreeSet<String>,
     /// DNS capture for pods without the annotation.
     pub dns_capture: bool,
@@ -37,6 +40,7 @@ pub struct SelectionConfig {
 impl Default for SelectionConfig {
     fn default() -> Self {
         SelectionConfig {
+            ambient_enabled: true,
             excluded_namespaces: DEFAULT_EXCLUDED_NAMESPACES
                 .iter()
                 .map(|s| s.to_string())
@@ -65,6 +69,8 @@ impl Decision {
 /// Why a pod is not enrolled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SkipReason {
+    /// The agent runs with `AMBIENT_ENABLED=false`.
+    AmbientDisabled,
     /// Neither the pod nor its namespace asks for ambient.
     NotSelected,
     /// The pod label is `none`.
@@ -81,6 +87,7 @@ impl SkipReason {
     /// Short label for logs and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
+            SkipReason::AmbientDisabled => "ambient_disabled",
             SkipReason::NotSelected => "not_selected",
             SkipReason::OptedOut => "opted_out",
             SkipReason::SidecarInjected => "sidecar",
@@ -93,6 +100,9 @@ impl SkipReason {
 
 /// Decides whether `pod` (in `namespace`, if the source has it) is enrolled.
 pub fn decide(pod: &Pod, namespace: Option<&Namespace>, config: &SelectionConfig) -> Decision {
+    if !config.ambient_enabled {
+        return Decision::Skip(SkipReason::AmbientDisabled);
+    }
     let meta = &pod.metadata;
     let pod_ns = meta.namespace.as_deref().unwrap_or("default");
     if config.excluded_namespaces.contains(pod_ns) {

@@ -235,3 +235,17 @@ fn bypass_inbound_capture_annotation() {
     );
     assert_eq!(decide(&other, None, &config), ENROLL);
 }
+
+#[test]
+fn with_ambient_disabled_no_pod_is_enrolled() {
+    let config = SelectionConfig {
+        ambient_enabled: false,
+        ..SelectionConfig::default()
+    };
+    let pod = make_pod("ns", AMBIENT, "", "", "Running");
+    assert_eq!(
+        decide(&pod, None, &config),
+        Decision::Skip(SkipReason::AmbientDisabled)
+    );
+    assert!(decide(&pod, None, &SelectionConfig::default()).is_enroll());
+}
