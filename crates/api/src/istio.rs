@@ -49,6 +49,7 @@ istio_object!(
 
 /// `selector: {matchLabels: {...}}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadSelector {
     #[serde(default)]
@@ -57,6 +58,7 @@ pub struct WorkloadSelector {
 
 /// `targetRef`/`targetRefs` entries (policies attached to Gateways/Services are for waypoints).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyTargetReference {
     #[serde(default)]
@@ -92,6 +94,7 @@ impl RequestAuthenticationSpec {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum AuthorizationAction {
     #[default]
@@ -102,6 +105,7 @@ pub enum AuthorizationAction {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct AuthorizationPolicySpec {
     #[serde(default)]
@@ -118,6 +122,7 @@ pub struct AuthorizationPolicySpec {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Rule {
     #[serde(default)]
@@ -129,6 +134,7 @@ pub struct Rule {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RuleFrom {
     #[serde(default)]
@@ -136,6 +142,7 @@ pub struct RuleFrom {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RuleTo {
     #[serde(default)]
@@ -143,6 +150,7 @@ pub struct RuleTo {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Source {
     #[serde(default)]
@@ -172,6 +180,7 @@ pub struct Source {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Operation {
     #[serde(default)]
@@ -193,6 +202,7 @@ pub struct Operation {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(default)]
@@ -204,6 +214,7 @@ pub struct Condition {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RequestAuthenticationSpec {
     #[serde(default)]
@@ -218,6 +229,7 @@ pub struct RequestAuthenticationSpec {
 
 /// One accepted token issuer (`jwtRules[]`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct JwtRule {
     #[serde(default)]
@@ -248,6 +260,7 @@ pub struct JwtRule {
 
 /// Where a token is read from: a header, after `prefix` (`Bearer `).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct JwtHeader {
     #[serde(default)]
@@ -258,6 +271,7 @@ pub struct JwtHeader {
 
 /// A claim copied into a request header.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimToHeader {
     #[serde(default)]
@@ -267,6 +281,7 @@ pub struct ClaimToHeader {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum MtlsMode {
     #[default]
@@ -277,6 +292,7 @@ pub enum MtlsMode {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PeerAuthenticationMtls {
     #[serde(default)]
@@ -284,6 +300,7 @@ pub struct PeerAuthenticationMtls {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PeerAuthenticationSpec {
     #[serde(default)]
@@ -296,6 +313,7 @@ pub struct PeerAuthenticationSpec {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ServiceEntryLocation {
     #[default]
@@ -304,6 +322,7 @@ pub enum ServiceEntryLocation {
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ServiceEntryResolution {
     #[default]
@@ -314,6 +333,7 @@ pub enum ServiceEntryResolution {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ServicePort {
     pub number: u32,
@@ -326,6 +346,7 @@ pub struct ServicePort {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceEntrySpec {
     #[serde(default)]
@@ -350,6 +371,7 @@ pub struct ServiceEntrySpec {
 
 /// `workloadSelector: {labels: {...}}` of a ServiceEntry.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadEntrySelector {
     #[serde(default)]
@@ -357,6 +379,7 @@ pub struct WorkloadEntrySelector {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadEntrySpec {
     #[serde(default)]

@@ -19,6 +19,7 @@ pub struct VirtualService {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct VirtualServiceSpec {
     #[serde(default)]
@@ -31,6 +32,7 @@ pub struct VirtualServiceSpec {
 
 /// `exact`, `prefix` or `regex` (one of them).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct StringMatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -42,6 +44,7 @@ pub struct StringMatch {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct VsHttpMatch {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,6 +62,7 @@ pub struct VsHttpMatch {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PortSelector {
     #[serde(default)]
@@ -66,6 +70,7 @@ pub struct PortSelector {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Destination {
     #[serde(default)]
@@ -77,6 +82,7 @@ pub struct Destination {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HeaderOperations {
     #[serde(default)]
@@ -88,6 +94,7 @@ pub struct HeaderOperations {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Headers {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,6 +104,7 @@ pub struct Headers {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct RouteDestination {
     #[serde(default)]
@@ -108,6 +116,7 @@ pub struct RouteDestination {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpRetry {
     #[serde(default)]
@@ -120,6 +129,7 @@ pub struct HttpRetry {
 
 /// `percentage: {value: 50}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Percent {
     #[serde(default)]
@@ -127,6 +137,7 @@ pub struct Percent {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FaultDelay {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -136,6 +147,7 @@ pub struct FaultDelay {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct FaultAbort {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -145,6 +157,7 @@ pub struct FaultAbort {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpFaultInjection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,6 +167,7 @@ pub struct HttpFaultInjection {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct HttpRedirect {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -165,6 +179,7 @@ pub struct HttpRedirect {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct VsHttpRoute {
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,0 +1,64 @@
+{{- /* "-<revision>" or nothing. */ -}}
+{{- define "istiod.suffix" -}}
+{{- with .Values.revision }}-{{ . }}{{ end }}
+{{- end }}
+
+{{- define "istiod.name" -}}
+istiod{{ include "istiod.suffix" . }}
+{{- end }}
+
+{{- /* <hub>/<image>:<tag>[-<variant>] (hub, tag, variant falling back to global.*). */ -}}
+{{- define "istiod.image" -}}
+{{- if contains "/" .Values.image -}}
+{{ .Values.image }}
+{{- else -}}
+{{ .Values.hub | default .Values.global.hub }}/{{ .Values.image | default "pilot" }}:{{ .Values.tag | default .Values.global.tag }}{{ with (.Values.variant | default .Values.global.variant) }}-{{ . }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{- define "istiod.namespaced" -}}
+{{- if has .Values.global.resourceScope (list "all" "namespace") }}true{{ end }}
+{{- end }}
+{{- define "istiod.cluster" -}}
+{{- if has .Values.global.resourceScope (list "all" "cluster") }}true{{ end }}
+{{- end }}
+
+{{- /* Labels of the control plane's objects, as Istio's chart sets them. */ -}}
+{{- define "istiod.labels" -}}
+istio.io/rev: {{ .Values.revision | default "default" | quote }}
+install.operator.istio.io/owning-resource: {{ .Values.ownerName | default "unknown" }}
+operator.istio.io/component: "Pilot"
+release: {{ .Release.Name }}
+app.kubernetes.io/name: "istiod"
+{{ include "istio.labels" . }}
+{{- end }}
+
+{{- /* Labels of the RBAC objects. */ -}}
+{{- define "istiod.rbacLabels" -}}
+app: istiod
+release: {{ .Release.Name }}
+app.kubernetes.io/name: "istiod"
+{{ include "istio.labels" . }}
+{{- end }}
+
+{{- /* The pods the Service and Deployment select. */ -}}
+{{- define "istiod.selector" -}}
+app: istiod
+{{- if .Values.revision }}
+istio.io/rev: {{ .Values.revision | quote }}
+{{- else }}
+istio: pilot
+{{- end }}
+{{- end }}
+
+{{- /* Resource requests and limits without empty entries. */ -}}
+{{- define "istiod.resources" -}}
+{{- with .limits }}
+limits:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .requests }}
+requests:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,674 @@
+//! The charts under Helm's own engine: strict lint, every profile renders, the facts an Istio
+//! user relies on (names, ports, host paths, capabilities, token audience, RBAC), profiles and
+//! bad values.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Service};
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use mesh_charts::{charts_dir, Helm, HelmError, Rendered, Severity, CHARTS, PROFILES};
+use serde_json::{json, Value};
+
+const NAMESPACE: &str = "istio-system";
+
+fn chart(name: &str) -> PathBuf {
+    charts_dir().join(name)
+}
+
+fn release(name: &str) -> &str {
+    match name {
+        "base" => "istio-base",
+        "cni" => "istio-cni",
+        other => other,
+    }
+}
+
+fn render(name: &str, values: Value) -> Rendered {
+    Helm::default()
+        .render(&chart(name), release(name), NAMESPACE, &values)
+        .unwrap_or_else(|e| panic!("{name} with {values}: {e}"))
+}
+
+fn render_err(name: &str, values: Value) -> String {
+    match Helm::default().render(&chart(name), release(name), NAMESPACE, &values) {
+        Err(HelmError::Refused { message, .. }) => message,
+        other => panic!("{name} with {values}: expected Helm to refuse, got {other:?}"),
+    }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(rendered: &Rendered, kind: &str, name: &str) -> T {
+    let object = rendered
+        .get(kind, name)
+        .unwrap_or_else(|| panic!("no {kind}/{name} in {:?}", rendered.ids()));
+    object
+        .typed()
+        .unwrap_or_else(|e| panic!("{kind}/{name} is not a valid {kind}: {e}"))
+}
+
+fn pod_spec(spec: Option<PodSpec>) -> PodSpec {
+    spec.expect("pod spec")
+}
+
+fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
+    pod.containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+fn env<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
+    c.env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.as_deref())
+}
+
+fn host_paths(pod: &PodSpec) -> Vec<(String, String)> {
+    pod.volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| Some((v.name.clone(), v.host_path.as_ref()?.path.clone())))
+        .collect()
+}
+
+fn capabilities(c: &Container) -> Vec<String> {
+    c.security_context
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref())
+        .and_then(|c| c.add.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_chart_lints_clean_in_strict_mode_under_every_profile() {
+    let helm = Helm::default();
+    for name in CHARTS {
+        for profile in PROFILES {
+            let report = helm
+                .lint(&chart(name), &json!({"profile": profile}), true, "v1.33.0")
+                .unwrap_or_else(|e| panic!("lint {name}: {e}"));
+            assert_eq!(report.total_charts_linted, 1, "{name}");
+            let findings = report.findings(Severity::Warning);
+            assert!(
+                findings.is_empty() && report.errors.is_empty(),
+                "{name} ({profile}): {findings:?} {:?}",
+                report.errors
+            );
+        }
+    }
+}
+
+#[test]
+fn every_chart_renders_every_profile_and_platform() {
+    for name in CHARTS {
+        for profile in PROFILES {
+            let rendered = render(name, json!({"profile": profile}));
+            assert!(!rendered.objects.is_empty(), "{name} {profile}");
+            for object in &rendered.objects {
+                let labels = &object.value["metadata"]["labels"];
+                assert_eq!(
+                    labels["app.kubernetes.io/part-of"],
+                    "istio",
+                    "{name} {profile}: {} lacks Istio's labels",
+                    object.id()
+                );
+            }
+        }
+        for platform in ["gke", "k3d", "k3s", "microk8s", "minikube"] {
+            render(
+                name,
+                json!({"profile": "ambient", "global": {"platform": platform}}),
+            );
+        }
+    }
+}
+
+#[test]
+fn every_chart_carries_every_profile_and_the_shared_templates() {
+    let common = charts_dir().join("common");
+    let profiles: Vec<String> = std::fs::read_dir(common.join("profiles"))
+        .expect("charts/common/profiles")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    for profile in PROFILES {
+        assert!(profiles.contains(&format!("{profile}.yaml")), "{profile}");
+    }
+    for name in CHARTS {
+        for file in &profiles {
+            let path = chart(name).join("files").join(format!("profile-{file}"));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let source = std::fs::read_to_string(common.join("profiles").join(file))
+                .expect("common profile");
+            assert_eq!(text, source, "{}", path.display());
+        }
+        for shared in ["zzz_profile.yaml", "zzy_descope_legacy.yaml"] {
+            let text = std::fs::read_to_string(chart(name).join("templates").join(shared))
+                .unwrap_or_else(|e| panic!("{name}/templates/{shared}: {e}"));
+            let source = std::fs::read_to_string(common.join(shared)).expect("common template");
+            assert_eq!(text, source, "{name}/templates/{shared}");
+        }
+    }
+}
+
+#[test]
+fn bad_profiles_platforms_and_prefixes_are_refused_by_name() {
+    for name in CHARTS {
+        let message = render_err(name, json!({"profile": "ambiant"}));
+        assert!(
+            message.contains("unknown profile \"ambiant\"") && message.contains("ambient"),
+            "{name}: {message}"
+        );
+        let message = render_err(name, json!({"global": {"platform": "openshift"}}));
+        assert!(
+            message.contains("unknown platform \"openshift\""),
+            "{name}: {message}"
+        );
+        let message = render_err(name, json!({"compatibilityVersion": "1.24"}));
+        assert!(
+            message.contains("compatibility version \"1.24\""),
+            "{name}: {message}"
+        );
+        let message = render_err(name, json!({"defaults": {"hub": "x"}}));
+        assert!(message.contains("'defaults'"), "{name}: {message}");
+    }
+    let message = render_err(
+        "cni",
+        json!({"profile": "ambient", "cni": {"chained": false}}),
+    );
+    assert!(message.contains("chained=false"), "{message}");
+    let message = render_err("cni", json!({"ambient": {"redirectMode": "iptables"}}));
+    assert!(
+        message.contains("\"iptables\": choose nftables or ebpf"),
+        "{message}"
+    );
+}
+
+#[test]
+fn ztunnel_is_a_privileged_node_proxy_with_the_ca_token() {
+    let rendered = render("ztunnel", json!({"profile": "ambient"}));
+    assert_eq!(
+        rendered.ids(),
+        ["DaemonSet/ztunnel", "ServiceAccount/ztunnel"]
+    );
+    let ds: DaemonSet = typed(&rendered, "DaemonSet", "ztunnel");
+    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    assert_eq!(pod.service_account_name.as_deref(), Some("ztunnel"));
+    let proxy = container(&pod, "istio-proxy");
+    assert_eq!(
+        proxy.image.as_deref(),
+        Some("localhost/mesh/ztunnel:0.1.0-distroless")
+    );
+    assert_eq!(capabilities(proxy), ["NET_ADMIN", "SYS_ADMIN", "NET_RAW"]);
+    let security = proxy.security_context.as_ref().expect("securityContext");
+    assert_eq!(security.run_as_user, Some(0));
+    assert_eq!(security.run_as_group, Some(1337));
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        env(proxy, "CA_ADDRESS"),
+        Some("istiod.istio-system.svc:15012")
+    );
+    assert_eq!(
+        env(proxy, "XDS_ADDRESS"),
+        Some("istiod.istio-system.svc:15012")
+    );
+    assert_eq!(env(proxy, "ISTIO_META_ENABLE_HBONE"), Some("true"));
+    assert_eq!(
+        host_paths(&pod),
+        [(
+            "cni-ztunnel-sock-dir".to_string(),
+            "/var/run/ztunnel".to_string()
+        )]
+    );
+    let token = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "istio-token")
+        .and_then(|v| v.projected.clone())
+        .and_then(|p| p.sources)
+        .and_then(|s| s.into_iter().find_map(|s| s.service_account_token))
+        .expect("projected token");
+    assert_eq!(token.audience.as_deref(), Some("istio-ca"));
+    assert_eq!(token.expiration_seconds, Some(43200));
+    assert!(
+        rendered.of_kind("ClusterRole").next().is_none(),
+        "ztunnel needs no RBAC"
+    );
+
+    // A revision and Istio's global.* values, flattened onto the chart's own.
+    let revised = render(
+        "ztunnel",
+        json!({"revision": "canary", "global": {"hub": "my.registry/mesh", "tag": "1.2.3"}}),
+    );
+    let ds: DaemonSet = typed(&revised, "DaemonSet", "ztunnel");
+    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let proxy = container(&pod, "istio-proxy");
+    assert_eq!(
+        proxy.image.as_deref(),
+        Some("my.registry/mesh/ztunnel:1.2.3")
+    );
+    assert_eq!(
+        env(proxy, "CA_ADDRESS"),
+        Some("istiod-canary.istio-system.svc:15012")
+    );
+}
+
+#[test]
+fn cni_chains_into_the_node_and_watches_its_pods() {
+    let rendered = render("cni", json!({"profile": "ambient"}));
+    let config: ConfigMap = typed(&rendered, "ConfigMap", "istio-cni-config");
+    let data = config.data.expect("data");
+    assert_eq!(data["AMBIENT_ENABLED"], "true");
+    assert_eq!(data["EXCLUDE_NAMESPACES"], "kube-system");
+    assert_eq!(data["REDIRECTION_MODE"], "nftables");
+    let ds: DaemonSet = typed(&rendered, "DaemonSet", "istio-cni-node");
+    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    let mut paths: Vec<String> = host_paths(&pod).into_iter().map(|(_, p)| p).collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            "/etc/cni/net.d",
+            "/opt/cni/bin",
+            "/proc",
+            "/var/run/istio-cni",
+            "/var/run/netns",
+            "/var/run/ztunnel"
+        ]
+    );
+    let install = container(&pod, "install-cni");
+    assert_eq!(
+        install.command.clone().unwrap_or_default(),
+        ["cni-node", "install-cni", "--watch"]
+    );
+    let agent = container(&pod, "cni-agent");
+    assert_eq!(
+        agent.command.clone().unwrap_or_default(),
+        ["cni-node", "run"]
+    );
+    assert_eq!(env(agent, "HOST_PROC"), Some("/host/proc"));
+    assert_eq!(env(agent, "RUST_LOG"), Some("info"));
+    for c in [install, agent] {
+        assert_eq!(
+            capabilities(c),
+            [
+                "NET_ADMIN",
+                "NET_RAW",
+                "SYS_PTRACE",
+                "SYS_ADMIN",
+                "DAC_OVERRIDE"
+            ]
+        );
+        assert_eq!(
+            c.image.as_deref(),
+            Some("localhost/mesh/install-cni:0.1.0-distroless")
+        );
+    }
+    let probe = agent
+        .readiness_probe
+        .as_ref()
+        .and_then(|p| p.http_get.as_ref());
+    assert_eq!(probe.and_then(|h| h.path.as_deref()), Some("/readyz"));
+
+    // k3s keeps its CNI files elsewhere; the platform profile knows where.
+    let k3s = render(
+        "cni",
+        json!({"profile": "ambient", "global": {"platform": "k3s"}}),
+    );
+    let ds: DaemonSet = typed(&k3s, "DaemonSet", "istio-cni-node");
+    let paths: Vec<String> = host_paths(&pod_spec(ds.spec.expect("spec").template.spec))
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect();
+    assert!(paths.contains(&"/var/lib/rancher/k3s/agent/etc/cni/net.d".to_string()));
+
+    // Without the ambient profile the agent enrolls nothing and needs no pods/status.
+    let plain = render("cni", json!({}));
+    let config: ConfigMap = typed(&plain, "ConfigMap", "istio-cni-config");
+    assert_eq!(config.data.expect("data")["AMBIENT_ENABLED"], "false");
+    assert!(plain.get("ClusterRole", "istio-cni-ambient").is_none());
+}
+
+#[test]
+fn istiod_serves_xds_ca_and_webhooks_and_trusts_ztunnel() {
+    let rendered = render("istiod", json!({"profile": "ambient"}));
+    let service: Service = typed(&rendered, "Service", "istiod");
+    let ports: Vec<(i32, String)> = service
+        .spec
+        .expect("spec")
+        .ports
+        .expect("ports")
+        .into_iter()
+        .map(|p| {
+            let target = p.target_port.map(|t| format!("{t:?}")).unwrap_or_default();
+            (p.port, target)
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (15010, String::new()),
+            (15012, String::new()),
+            (443, "Int(15017)".to_string()),
+            (15014, String::new())
+        ]
+    );
+    let deployment: Deployment = typed(&rendered, "Deployment", "istiod");
+    let pod = pod_spec(deployment.spec.expect("spec").template.spec);
+    let discovery = container(&pod, "discovery");
+    assert_eq!(
+        env(discovery, "CA_TRUSTED_NODE_ACCOUNTS"),
+        Some("istio-system/ztunnel")
+    );
+    assert_eq!(env(discovery, "PILOT_ENABLE_AMBIENT"), Some("true"));
+    assert_eq!(env(discovery, "TOKEN_AUDIENCES"), Some("istio-ca"));
+    assert_eq!(
+        env(discovery, "ISTIOD_SERVING_DNS_NAMES"),
+        Some("istiod.istio-system.svc,istiod.istio-system.svc.cluster.local")
+    );
+    assert_eq!(
+        discovery.image.as_deref(),
+        Some("localhost/mesh/pilot:0.1.0-distroless")
+    );
+    let waypoints = container(&pod, "waypoint-controller");
+    assert_eq!(
+        env(waypoints, "DISCOVERY_ADDRESS"),
+        Some("istiod.istio-system.svc:15012")
+    );
+    for kind_name in [
+        "ClusterRole/istiod-clusterrole-istio-system",
+        "ClusterRole/istiod-gateway-controller-istio-system",
+        "ClusterRoleBinding/istiod-clusterrole-istio-system",
+        "ConfigMap/istio",
+        "ConfigMap/values",
+        "HorizontalPodAutoscaler/istiod",
+        "Role/istiod",
+        "RoleBinding/istiod",
+        "ServiceAccount/istiod",
+        "ValidatingWebhookConfiguration/istio-validator-istio-system",
+    ] {
+        assert!(
+            rendered.ids().iter().any(|id| id == kind_name),
+            "{kind_name}"
+        );
+    }
+    let mesh: ConfigMap = typed(&rendered, "ConfigMap", "istio");
+    let mesh: Value =
+        serde_yaml::from_str(&mesh.data.expect("data")["mesh"]).expect("mesh is YAML");
+    assert_eq!(mesh["trustDomain"], "cluster.local");
+    assert_eq!(mesh["rootNamespace"], "istio-system");
+    assert_eq!(
+        mesh["defaultConfig"]["discoveryAddress"],
+        "istiod.istio-system.svc:15012"
+    );
+    let webhook = rendered
+        .get(
+            "ValidatingWebhookConfiguration",
+            "istio-validator-istio-system",
+        )
+        .expect("validator");
+    assert_eq!(
+        webhook.value["metadata"]["labels"]["istio.io/rev"],
+        "default"
+    );
+    assert_eq!(
+        webhook.value["webhooks"][0]["clientConfig"]["service"]["path"],
+        "/validate"
+    );
+
+    // pilot.X is X; a revision renames everything it owns.
+    let canary = render(
+        "istiod",
+        json!({"revision": "canary", "pilot": {"autoscaleEnabled": false, "replicaCount": 2}}),
+    );
+    let deployment: Deployment = typed(&canary, "Deployment", "istiod-canary");
+    assert_eq!(deployment.spec.expect("spec").replicas, Some(2));
+    assert!(canary
+        .get("HorizontalPodAutoscaler", "istiod-canary")
+        .is_none());
+    assert!(canary.get("PodDisruptionBudget", "istiod-canary").is_some());
+    assert!(canary.get("ConfigMap", "istio-canary").is_some());
+}
+
+/// What each component calls on the API server (docs/kubernetes.md, "RBAC the components
+/// need"): (group, resource, verb).
+const ISTIOD_CALLS: &[(&str, &str, &str)] = &[
+    ("", "namespaces", "watch"),
+    ("", "pods", "list"),
+    ("", "services", "watch"),
+    ("", "serviceaccounts", "list"),
+    ("", "nodes", "watch"),
+    ("discovery.k8s.io", "endpointslices", "watch"),
+    ("", "configmaps", "create"),
+    ("", "configmaps", "patch"),
+    ("", "configmaps", "update"),
+    ("apps", "deployments", "watch"),
+    ("networking.istio.io", "serviceentries", "watch"),
+    ("networking.istio.io", "workloadentries", "list"),
+    ("networking.istio.io", "virtualservices", "watch"),
+    ("networking.istio.io", "destinationrules", "watch"),
+    ("networking.istio.io", "gateways", "create"),
+    ("security.istio.io", "authorizationpolicies", "watch"),
+    ("security.istio.io", "peerauthentications", "list"),
+    ("security.istio.io", "requestauthentications", "watch"),
+    ("gateway.networking.k8s.io", "httproutes", "watch"),
+    ("gateway.networking.k8s.io", "gatewayclasses", "list"),
+    ("authentication.k8s.io", "tokenreviews", "create"),
+    (
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        "update",
+    ),
+    ("", "services/status", "patch"),
+    ("networking.istio.io", "serviceentries/status", "patch"),
+    ("security.istio.io", "authorizationpolicies/status", "patch"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
+    // The waypoint controller runs as istiod's service account.
+    ("gateway.networking.k8s.io", "gateways/status", "patch"),
+    ("", "services", "create"),
+    ("", "serviceaccounts", "delete"),
+    ("apps", "deployments", "patch"),
+];
+
+const CNI_CALLS: &[(&str, &str, &str)] = &[
+    ("", "pods", "watch"),
+    ("", "namespaces", "list"),
+    ("", "pods/status", "patch"),
+    ("apps", "daemonsets", "get"),
+    ("", "nodes", "get"),
+];
+
+fn allows(rules: &[PolicyRule], group: &str, resource: &str, verb: &str) -> bool {
+    let has = |list: &Option<Vec<String>>, want: &str| {
+        list.iter().flatten().any(|x| x == want || x == "*")
+    };
+    rules.iter().any(|r| {
+        has(&r.api_groups, group)
+            && r.resources
+                .iter()
+                .flatten()
+                .any(|x| x == resource || x == "*")
+            && r.verbs.iter().any(|x| x == verb || x == "*")
+    })
+}
+
+/// Every rule bound to `account` by the rendered (Cluster)RoleBindings.
+fn rules_of(rendered: &Rendered, account: &str) -> Vec<PolicyRule> {
+    let mut rules = Vec::new();
+    for kind in ["ClusterRoleBinding", "RoleBinding"] {
+        for binding in rendered.of_kind(kind) {
+            let bound = binding.value["subjects"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["kind"] == "ServiceAccount" && s["name"] == account);
+            if !bound {
+                continue;
+            }
+            let role_kind = binding.value["roleRef"]["kind"]
+                .as_str()
+                .unwrap_or_default();
+            let role_name = binding.value["roleRef"]["name"]
+                .as_str()
+                .unwrap_or_default();
+            let role_rules = if role_kind == "Role" {
+                typed::<Role>(rendered, role_kind, role_name).rules
+            } else {
+                typed::<ClusterRole>(rendered, role_kind, role_name).rules
+            };
+            rules.extend(role_rules.into_iter().flatten());
+        }
+    }
+    rules
+}
+
+#[test]
+fn the_rbac_covers_every_call_the_components_make() {
+    let istiod = render("istiod", json!({"profile": "ambient"}));
+    let rules = rules_of(&istiod, "istiod");
+    for (group, resource, verb) in ISTIOD_CALLS {
+        assert!(
+            allows(&rules, group, resource, verb),
+            "istiod may not {verb} {resource} in '{group}'"
+        );
+    }
+    let cni = render("cni", json!({"profile": "ambient"}));
+    let rules = rules_of(&cni, "istio-cni");
+    for (group, resource, verb) in CNI_CALLS {
+        assert!(
+            allows(&rules, group, resource, verb),
+            "istio-cni may not {verb} {resource} in '{group}'"
+        );
+    }
+    assert!(
+        !allows(&rules, "", "pods", "delete"),
+        "istio-cni deletes no pods"
+    );
+}
+
+#[test]
+fn resource_scope_splits_cluster_and_namespaced_objects() {
+    for name in ["istiod", "cni", "base"] {
+        let cluster = render(
+            name,
+            json!({"profile": "ambient", "global": {"resourceScope": "cluster"}}),
+        );
+        let namespaced = render(
+            name,
+            json!({"profile": "ambient", "global": {"resourceScope": "namespace"}}),
+        );
+        assert!(
+            cluster.objects.iter().all(|o| o.namespace().is_none()),
+            "{name}: {:?}",
+            cluster.ids()
+        );
+        // As in Istio, the revision's own validating webhook goes with the namespaced objects.
+        let cluster_kinds = [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+        ];
+        assert!(
+            namespaced
+                .objects
+                .iter()
+                .all(|o| !cluster_kinds.contains(&o.kind())
+                    && o.name() != "istiod-default-validator"),
+            "{name}: {:?}",
+            namespaced.ids()
+        );
+        assert!(!namespaced.objects.is_empty() || name == "base", "{name}");
+    }
+}
+
+#[test]
+fn a_values_file_written_for_istios_charts_renders() {
+    // The shape of a values file an Istio ambient user keeps: profile, hub/tag, pilot env and
+    // resources, cni and ztunnel settings, and keys this mesh does not read.
+    let values = json!({
+        "profile": "ambient",
+        "global": {
+            "hub": "registry.example.com/istio",
+            "tag": "1.28.0",
+            "logging": {"level": "default:debug"},
+            "proxy": {"clusterDomain": "cluster.local", "resources": {"requests": {"cpu": "50m"}}},
+            "imagePullSecrets": ["regcred"],
+            "meshID": "mesh1",
+            "multiCluster": {"clusterName": "east"},
+            "network": "net1"
+        },
+        "pilot": {
+            "env": {"PILOT_ENABLE_AMBIENT": "true", "PILOT_ENABLE_ALPHA_GATEWAY_API": "true"},
+            "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+            "autoscaleMin": 2,
+            "nodeSelector": {"node-role": "infra"}
+        },
+        "meshConfig": {"accessLogFile": "/dev/stdout", "trustDomain": "example.org"},
+        "cni": {"ambient": {"dnsCapture": false}, "excludeNamespaces": ["kube-system", "monitoring"]},
+        "ztunnel": {"resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}},
+        "sidecarInjectorWebhook": {"rewriteAppHTTPProbe": true},
+        "telemetry": {"enabled": true}
+    });
+    for name in CHARTS {
+        render(name, values.clone());
+    }
+    let istiod = render("istiod", values.clone());
+    let deployment: Deployment = typed(&istiod, "Deployment", "istiod");
+    let pod = pod_spec(deployment.spec.expect("spec").template.spec);
+    let discovery = container(&pod, "discovery");
+    assert_eq!(
+        discovery.image.as_deref(),
+        Some("registry.example.com/istio/pilot:1.28.0-distroless")
+    );
+    assert_eq!(env(discovery, "RUST_LOG"), Some("debug"));
+    assert_eq!(env(discovery, "CLUSTER_ID"), Some("east"));
+    assert_eq!(
+        env(discovery, "PILOT_ENABLE_ALPHA_GATEWAY_API"),
+        Some("true")
+    );
+    let limits = discovery
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .expect("limits");
+    assert_eq!(limits["memory"].0, "1Gi");
+    let mesh: ConfigMap = typed(&istiod, "ConfigMap", "istio");
+    let mesh: Value = serde_yaml::from_str(&mesh.data.expect("data")["mesh"]).expect("YAML");
+    assert_eq!(mesh["trustDomain"], "example.org");
+    assert_eq!(mesh["accessLogFile"], "/dev/stdout");
+    assert_eq!(mesh["defaultConfig"]["meshId"], "mesh1");
+
+    let cni = render("cni", values.clone());
+    let config: ConfigMap = typed(&cni, "ConfigMap", "istio-cni-config");
+    let data = config.data.expect("data");
+    assert_eq!(data["AMBIENT_DNS_CAPTURE"], "false");
+    assert_eq!(data["EXCLUDE_NAMESPACES"], "kube-system,monitoring");
+
+    let ztunnel = render("ztunnel", values);
+    let ds: DaemonSet = typed(&ztunnel, "DaemonSet", "ztunnel");
+    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let proxy = container(&pod, "istio-proxy");
+    assert_eq!(
+        proxy.image.as_deref(),
+        Some("registry.example.com/istio/ztunnel:1.28.0-distroless")
+    );
+    assert_eq!(env(proxy, "NETWORK"), Some("net1"));
+    let requests = proxy
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .expect("requests");
+    assert_eq!(requests["memory"].0, "256Mi");
+}
