@@ -6,6 +6,7 @@ pub mod connect;
 pub mod csr;
 pub mod http;
 pub mod input;
+pub mod manifest;
 pub mod precheck;
 pub mod proxy_config;
 pub mod render;

@@ -4,7 +4,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use istioctl::{analyze, csr, precheck, proxy_config, waypoint, xds_dump, ztunnel_config};
+use istioctl::{
+    analyze, csr, manifest, precheck, proxy_config, waypoint, xds_dump, ztunnel_config,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,6 +38,11 @@ enum Command {
     Waypoint {
         #[command(subcommand)]
         command: waypoint::WaypointCommand,
+    },
+    /// The objects an install of the mesh writes, rendered from its charts.
+    Manifest {
+        #[command(subcommand)]
+        command: manifest::ManifestCommand,
     },
     /// Analyze a directory of Kubernetes/Istio YAML and print validation messages.
     Analyze(analyze::AnalyzeArgs),
@@ -80,6 +87,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Analyze(args) => Ok(analyze::run(&args)?),
+        Command::Manifest { command } => {
+            let (yaml, notes) = manifest::run(command)?;
+            for note in notes {
+                eprintln!("note: {note}");
+            }
+            print!("{yaml}");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Waypoint { command } => {
             let out = match command {
                 waypoint::WaypointCommand::Generate(a) => waypoint::gateway_yaml(&a)?,

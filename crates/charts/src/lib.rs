@@ -8,7 +8,9 @@
 
 pub mod crds;
 mod engine;
+pub mod manifest;
 mod objects;
+pub mod operator;
 
 pub use engine::{Helm, HelmError, LintMessage, LintReport, Severity};
 pub use objects::{ManifestError, Object, Rendered};
