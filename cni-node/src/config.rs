@@ -219,9 +219,10 @@ impl Config {
             }
         }
         let ambient_enabled = v.bool(AMBIENT_ENABLED, true);
-        let excluded = v
-            .get(EXCLUDE_NAMESPACES)
-            .or_else(|| v.get(EXCLUDED_NAMESPACES));
+        // Present but empty (the chart's `excludeNamespaces: []`) excludes nothing.
+        let excluded = [EXCLUDE_NAMESPACES, EXCLUDED_NAMESPACES]
+            .into_iter()
+            .find_map(|name| v.vars.get(name).map(|value| value.trim()));
         let excluded_namespaces: BTreeSet<String> = match excluded {
             Some(list) => list
                 .split(',')
@@ -332,6 +333,12 @@ mod tests {
             config.selection.excluded_namespaces,
             ["infra".to_string(), "kube-system".to_string()].into()
         );
+        let none = Config::from_vars(vars(&[
+            (CLUSTER_CONFIG_DIR, "/c"),
+            (EXCLUDE_NAMESPACES, ""),
+        ]))
+        .expect("ok");
+        assert!(none.selection.excluded_namespaces.is_empty());
     }
 
     #[test]

@@ -18,9 +18,10 @@ use serde::{Serialize, Serializer};
 #[cfg(test)]
 mod tests;
 
-/// xDS server address; an empty value disables xDS.
+/// xDS server address; an empty value disables xDS. Without a scheme (`istiod.istio-system.svc:15012`,
+/// as Istio's values files write it) it is `https://`.
 pub const XDS_ADDRESS: &str = "XDS_ADDRESS";
-/// CA (certificate service) address.
+/// CA (certificate service) address; without a scheme, `https://`.
 pub const CA_ADDRESS: &str = "CA_ADDRESS";
 /// Cluster id sent to the CA and in xDS metadata.
 pub const CLUSTER_ID: &str = "CLUSTER_ID";
@@ -468,13 +469,13 @@ impl Config {
             .or((proxy_mode == ProxyMode::Shared).then_some(DEFAULT_INPOD_MARK));
         let root_cert = PathBuf::from(DEFAULT_ROOT_CERT);
         Config {
-            xds_address: v.non_empty(XDS_ADDRESS).or_else(|| {
+            xds_address: v.non_empty(XDS_ADDRESS).map(with_scheme).or_else(|| {
                 // Present but empty disables xDS.
                 v.get(XDS_ADDRESS).is_none().then(|| istiod.to_string())
             }),
             ca_address: v
                 .non_empty(CA_ADDRESS)
-                .unwrap_or_else(|| istiod.to_string()),
+                .map_or_else(|| istiod.to_string(), with_scheme),
             xds_root_cert: v
                 .non_empty(XDS_ROOT_CA)
                 .map_or(root_cert.clone(), PathBuf::from),
@@ -607,5 +608,14 @@ pub fn termination_from_grace(grace: u64) -> u64 {
         grace - 5
     } else {
         grace.saturating_sub(1)
+    }
+}
+
+/// `host:port` means `https://host:port`; an address with a scheme stays as it is.
+fn with_scheme(address: String) -> String {
+    if address.contains("://") {
+        address
+    } else {
+        format!("https://{address}")
     }
 }

@@ -41,7 +41,17 @@ app.kubernetes.io/name: "istiod"
 {{ include "istio.labels" . }}
 {{- end }}
 
-{{- /* The pods the Service and Deployment select. */ -}}
+{{- /* The pods the Deployment selects (immutable: as Istio's, so an upgrade from it works). */ -}}
+{{- define "istiod.deploymentSelector" -}}
+{{- if .Values.revision }}
+app: istiod
+istio.io/rev: {{ .Values.revision | quote }}
+{{- else }}
+istio: pilot
+{{- end }}
+{{- end }}
+
+{{- /* The pods the Service and PodDisruptionBudget select. */ -}}
 {{- define "istiod.selector" -}}
 app: istiod
 {{- if .Values.revision }}

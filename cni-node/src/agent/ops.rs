@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use mesh_api::{pod_service_account, Pod};
@@ -206,7 +206,7 @@ pub(super) async fn cni_add(inner: &Inner, event: CniAddEvent) -> Result<(), Age
         .map(str::to_string)
         .or_else(|| pod.metadata.uid.clone().filter(|u| !u.is_empty()))
         .unwrap_or_else(|| name.clone());
-    let netns = PathBuf::from(&event.netns);
+    let netns = host_netns(&inner.options.host_proc, &event.netns);
     let mut records = inner.records.lock().await;
     if let Some(mut old) = records.remove(&key) {
         if old.uid == uid && old.netns == netns && old.redirection == Some(Redirection::Enabled) {
@@ -449,5 +449,37 @@ async fn adopt(inner: &Inner, records: &mut Records, keys: Vec<PodKey>) {
         if let Err(e) = enroll(inner, records, record).await {
             warn!(error = %e, reason = e.reason(), "cannot enroll a running pod found in /proc");
         }
+    }
+}
+
+/// The pod's netns as this agent sees it. The runtime names it as the host does; a
+/// `/proc/<pid>/ns/net` path is the host's procfs, which a containerised agent mounts at
+/// `HOST_PROC` (named netns directories are mounted at their host path).
+fn host_netns(host_proc: &Path, netns: &str) -> PathBuf {
+    match netns.strip_prefix("/proc/") {
+        Some(rest) if host_proc != Path::new("/proc") => host_proc.join(rest),
+        _ => PathBuf::from(netns),
+    }
+}
+
+#[cfg(test)]
+mod host_netns_tests {
+    use super::*;
+
+    #[test]
+    fn proc_paths_go_through_the_hosts_procfs() {
+        let host = Path::new("/host/proc");
+        assert_eq!(
+            host_netns(host, "/proc/4242/ns/net"),
+            PathBuf::from("/host/proc/4242/ns/net")
+        );
+        assert_eq!(
+            host_netns(host, "/var/run/netns/cni-1234"),
+            PathBuf::from("/var/run/netns/cni-1234")
+        );
+        assert_eq!(
+            host_netns(Path::new("/proc"), "/proc/4242/ns/net"),
+            PathBuf::from("/proc/4242/ns/net")
+        );
     }
 }

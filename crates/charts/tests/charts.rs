@@ -37,13 +37,25 @@ fn render_err(name: &str, values: Value) -> String {
     }
 }
 
-fn typed<T: serde::de::DeserializeOwned>(rendered: &Rendered, kind: &str, name: &str) -> T {
+fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(
+    rendered: &Rendered,
+    kind: &str,
+    name: &str,
+) -> T {
     let object = rendered
         .get(kind, name)
         .unwrap_or_else(|| panic!("no {kind}/{name} in {:?}", rendered.ids()));
-    object
+    let typed: T = object
         .typed()
-        .unwrap_or_else(|e| panic!("{kind}/{name} is not a valid {kind}: {e}"))
+        .unwrap_or_else(|e| panic!("{kind}/{name} is not a valid {kind}: {e}"));
+    // k8s-openapi drops fields it does not know: a key at the wrong indentation would vanish
+    // here, so the typed object must say exactly what the chart rendered.
+    let again = serde_json::to_value(&typed).expect("serializes");
+    assert_eq!(
+        again, object.value,
+        "{kind}/{name} has fields Kubernetes does not know"
+    );
+    typed
 }
 
 fn pod_spec(spec: Option<PodSpec>) -> PodSpec {
@@ -126,7 +138,7 @@ fn every_chart_renders_every_profile_and_platform() {
 }
 
 #[test]
-fn every_chart_carries_every_profile_and_the_shared_templates() {
+fn every_chart_links_every_profile_and_the_shared_template() {
     let common = charts_dir().join("common");
     let profiles: Vec<String> = std::fs::read_dir(common.join("profiles"))
         .expect("charts/common/profiles")
@@ -136,21 +148,114 @@ fn every_chart_carries_every_profile_and_the_shared_templates() {
         assert!(profiles.contains(&format!("{profile}.yaml")), "{profile}");
     }
     for name in CHARTS {
+        let files = chart(name).join("files");
+        let linked: Vec<String> = std::fs::read_dir(&files)
+            .expect("files/")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|f| f.starts_with("profile-"))
+            .collect();
+        assert_eq!(linked.len(), profiles.len(), "{name}: {linked:?}");
         for file in &profiles {
-            let path = chart(name).join("files").join(format!("profile-{file}"));
-            let text = std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let source = std::fs::read_to_string(common.join("profiles").join(file))
-                .expect("common profile");
-            assert_eq!(text, source, "{}", path.display());
+            let path = files.join(format!("profile-{file}"));
+            let target = std::fs::read_link(&path)
+                .unwrap_or_else(|e| panic!("{}: not a link to charts/common: {e}", path.display()));
+            assert_eq!(
+                target,
+                PathBuf::from(format!("../../common/profiles/{file}"))
+            );
         }
-        for shared in ["zzz_profile.yaml", "zzy_descope_legacy.yaml"] {
-            let text = std::fs::read_to_string(chart(name).join("templates").join(shared))
-                .unwrap_or_else(|e| panic!("{name}/templates/{shared}: {e}"));
-            let source = std::fs::read_to_string(common.join(shared)).expect("common template");
-            assert_eq!(text, source, "{name}/templates/{shared}");
+        let path = chart(name).join("templates/zzz_profile.yaml");
+        let target = std::fs::read_link(&path)
+            .unwrap_or_else(|e| panic!("{}: not a link to charts/common: {e}", path.display()));
+        assert_eq!(target, PathBuf::from("../../common/zzz_profile.yaml"));
+    }
+}
+
+#[test]
+fn the_users_values_beat_the_profile_wherever_they_are_nested() {
+    // The ambient profile says cni.ambient.enabled=true; the user's top-level value wins.
+    let cni = render(
+        "cni",
+        json!({"profile": "ambient", "ambient": {"enabled": false}}),
+    );
+    let config: ConfigMap = typed(&cni, "ConfigMap", "istio-cni-config");
+    assert_eq!(config.data.expect("data")["AMBIENT_ENABLED"], "false");
+    // Nested under the component's name, as a mesh-wide values file writes it.
+    let cni = render("cni", json!({"cni": {"ambient": {"enabled": true}}}));
+    let config: ConfigMap = typed(&cni, "ConfigMap", "istio-cni-config");
+    assert_eq!(config.data.expect("data")["AMBIENT_ENABLED"], "true");
+    // The demo profile's small requests give way to the user's.
+    let ztunnel = render(
+        "ztunnel",
+        json!({"profile": "demo", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}),
+    );
+    let ds: DaemonSet = typed(&ztunnel, "DaemonSet", "ztunnel");
+    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let requests = container(&pod, "istio-proxy")
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.clone())
+        .expect("requests");
+    assert_eq!(requests["cpu"].0, "500m");
+    let istiod = render(
+        "istiod",
+        json!({"profile": "ambient", "env": {"PILOT_ENABLE_AMBIENT": "false"}}),
+    );
+    let deployment: Deployment = typed(&istiod, "Deployment", "istiod");
+    let pod = pod_spec(deployment.spec.expect("spec").template.spec);
+    assert_eq!(
+        env(container(&pod, "discovery"), "PILOT_ENABLE_AMBIENT"),
+        Some("false")
+    );
+}
+
+#[test]
+fn every_container_names_each_variable_once_and_the_users_env_wins() {
+    let values = json!({
+        "profile": "ambient",
+        "env": {"RUST_LOG": "debug", "POD_NAME": "fixed", "CLUSTER_ID": "c1", "NETWORK": "n1"},
+        "meshConfig": {"defaultConfig": {"proxyMetadata": {"NETWORK": "from-metadata"}}}
+    });
+    for name in CHARTS {
+        let rendered = render(name, values.clone());
+        for kind in ["Deployment", "DaemonSet"] {
+            for object in rendered.of_kind(kind) {
+                let containers = object.value["spec"]["template"]["spec"]["containers"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                for c in containers {
+                    let mut names: Vec<&str> = c["env"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|e| e["name"].as_str())
+                        .collect();
+                    let count = names.len();
+                    names.sort();
+                    names.dedup();
+                    assert_eq!(
+                        names.len(),
+                        count,
+                        "{}: {} repeats a variable",
+                        object.id(),
+                        c["name"]
+                    );
+                }
+            }
         }
     }
+    let ztunnel = render("ztunnel", values.clone());
+    let ds: DaemonSet = typed(&ztunnel, "DaemonSet", "ztunnel");
+    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let proxy = container(&pod, "istio-proxy");
+    assert_eq!(env(proxy, "RUST_LOG"), Some("debug"));
+    assert_eq!(env(proxy, "NETWORK"), Some("n1"));
+    assert_eq!(env(proxy, "POD_NAME"), Some("fixed"));
+    let istiod = render("istiod", values);
+    let deployment: Deployment = typed(&istiod, "Deployment", "istiod");
+    let pod = pod_spec(deployment.spec.expect("spec").template.spec);
+    assert_eq!(env(container(&pod, "discovery"), "CLUSTER_ID"), Some("c1"));
 }
 
 #[test]
@@ -287,6 +392,16 @@ fn cni_chains_into_the_node_and_watches_its_pods() {
             "/var/run/ztunnel"
         ]
     );
+    let netns_mount = container(&pod, "cni-agent")
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "cni-netns-dir")
+        .expect("netns mount");
+    assert_eq!(
+        netns_mount.mount_path, "/var/run/netns",
+        "the runtime's netns paths are the host's"
+    );
     let install = container(&pod, "install-cni");
     assert_eq!(
         install.command.clone().unwrap_or_default(),
@@ -365,7 +480,12 @@ fn istiod_serves_xds_ca_and_webhooks_and_trusts_ztunnel() {
         ]
     );
     let deployment: Deployment = typed(&rendered, "Deployment", "istiod");
-    let pod = pod_spec(deployment.spec.expect("spec").template.spec);
+    let spec = deployment.spec.expect("spec");
+    assert_eq!(
+        spec.selector.match_labels,
+        Some([("istio".to_string(), "pilot".to_string())].into())
+    );
+    let pod = pod_spec(spec.template.spec);
     let discovery = container(&pod, "discovery");
     assert_eq!(
         env(discovery, "CA_TRUSTED_NODE_ACCOUNTS"),
@@ -382,6 +502,7 @@ fn istiod_serves_xds_ca_and_webhooks_and_trusts_ztunnel() {
         Some("localhost/mesh/pilot:0.1.0-distroless")
     );
     let waypoints = container(&pod, "waypoint-controller");
+    assert_eq!(env(waypoints, "TAG"), Some("0.1.0-distroless"));
     assert_eq!(
         env(waypoints, "DISCOVERY_ADDRESS"),
         Some("istiod.istio-system.svc:15012")

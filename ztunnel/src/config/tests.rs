@@ -226,3 +226,22 @@ fn original_source_is_automatic_unless_set() {
         "{err}"
     );
 }
+
+#[test]
+fn addresses_without_a_scheme_are_https() {
+    let c = config(&[
+        (XDS_ADDRESS, "istiod-canary.istio-system.svc:15012"),
+        (CA_ADDRESS, "istiod.istio-system.svc:15012"),
+        (KUBERNETES_SERVICE_HOST, "x"),
+    ]);
+    assert_eq!(
+        c.xds_address.as_deref(),
+        Some("https://istiod-canary.istio-system.svc:15012")
+    );
+    assert_eq!(c.ca_address, "https://istiod.istio-system.svc:15012");
+    let plain = config(&[
+        (XDS_ADDRESS, "http://127.0.0.1:15010"),
+        (KUBERNETES_SERVICE_HOST, "x"),
+    ]);
+    assert_eq!(plain.xds_address.as_deref(), Some("http://127.0.0.1:15010"));
+}

@@ -31,6 +31,12 @@ fn assert_structural(path: &str, schema: &Value) {
         );
     }
     if let Some(Value::Object(properties)) = fields.get("properties") {
+        // A typed object keeps the fields the mesh's types do not list.
+        assert_eq!(
+            fields.get("x-kubernetes-preserve-unknown-fields"),
+            Some(&Value::Bool(true)),
+            "{path}: would prune unknown fields"
+        );
         for (name, property) in properties {
             assert_structural(&format!("{path}.{name}"), property);
         }
