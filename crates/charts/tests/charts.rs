@@ -62,6 +62,16 @@ fn pod_spec(spec: Option<PodSpec>) -> PodSpec {
     spec.expect("pod spec")
 }
 
+fn daemonset_pod(rendered: &Rendered, name: &str) -> PodSpec {
+    let ds: DaemonSet = typed(rendered, "DaemonSet", name);
+    pod_spec(ds.spec.expect("spec").template.spec)
+}
+
+fn deployment_pod(rendered: &Rendered, name: &str) -> PodSpec {
+    let deployment: Deployment = typed(rendered, "Deployment", name);
+    pod_spec(deployment.spec.expect("spec").template.spec)
+}
+
 fn container<'a>(pod: &'a PodSpec, name: &str) -> &'a Container {
     pod.containers
         .iter()
@@ -189,8 +199,7 @@ fn the_users_values_beat_the_profile_wherever_they_are_nested() {
         "ztunnel",
         json!({"profile": "demo", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}),
     );
-    let ds: DaemonSet = typed(&ztunnel, "DaemonSet", "ztunnel");
-    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let pod = daemonset_pod(&ztunnel, "ztunnel");
     let requests = container(&pod, "istio-proxy")
         .resources
         .as_ref()
@@ -201,8 +210,7 @@ fn the_users_values_beat_the_profile_wherever_they_are_nested() {
         "istiod",
         json!({"profile": "ambient", "env": {"PILOT_ENABLE_AMBIENT": "false"}}),
     );
-    let deployment: Deployment = typed(&istiod, "Deployment", "istiod");
-    let pod = pod_spec(deployment.spec.expect("spec").template.spec);
+    let pod = deployment_pod(&istiod, "istiod");
     assert_eq!(
         env(container(&pod, "discovery"), "PILOT_ENABLE_AMBIENT"),
         Some("false")
@@ -246,15 +254,13 @@ fn every_container_names_each_variable_once_and_the_users_env_wins() {
         }
     }
     let ztunnel = render("ztunnel", values.clone());
-    let ds: DaemonSet = typed(&ztunnel, "DaemonSet", "ztunnel");
-    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let pod = daemonset_pod(&ztunnel, "ztunnel");
     let proxy = container(&pod, "istio-proxy");
     assert_eq!(env(proxy, "RUST_LOG"), Some("debug"));
     assert_eq!(env(proxy, "NETWORK"), Some("n1"));
     assert_eq!(env(proxy, "POD_NAME"), Some("fixed"));
     let istiod = render("istiod", values);
-    let deployment: Deployment = typed(&istiod, "Deployment", "istiod");
-    let pod = pod_spec(deployment.spec.expect("spec").template.spec);
+    let pod = deployment_pod(&istiod, "istiod");
     assert_eq!(env(container(&pod, "discovery"), "CLUSTER_ID"), Some("c1"));
 }
 
@@ -298,8 +304,7 @@ fn ztunnel_is_a_privileged_node_proxy_with_the_ca_token() {
         rendered.ids(),
         ["DaemonSet/ztunnel", "ServiceAccount/ztunnel"]
     );
-    let ds: DaemonSet = typed(&rendered, "DaemonSet", "ztunnel");
-    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let pod = daemonset_pod(&rendered, "ztunnel");
     assert_eq!(
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
@@ -352,8 +357,7 @@ fn ztunnel_is_a_privileged_node_proxy_with_the_ca_token() {
         "ztunnel",
         json!({"revision": "canary", "global": {"hub": "my.registry/mesh", "tag": "1.2.3"}}),
     );
-    let ds: DaemonSet = typed(&revised, "DaemonSet", "ztunnel");
-    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let pod = daemonset_pod(&revised, "ztunnel");
     let proxy = container(&pod, "istio-proxy");
     assert_eq!(
         proxy.image.as_deref(),
@@ -373,8 +377,7 @@ fn cni_chains_into_the_node_and_watches_its_pods() {
     assert_eq!(data["AMBIENT_ENABLED"], "true");
     assert_eq!(data["EXCLUDE_NAMESPACES"], "kube-system");
     assert_eq!(data["REDIRECTION_MODE"], "nftables");
-    let ds: DaemonSet = typed(&rendered, "DaemonSet", "istio-cni-node");
-    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let pod = daemonset_pod(&rendered, "istio-cni-node");
     assert_eq!(
         pod.priority_class_name.as_deref(),
         Some("system-node-critical")
@@ -441,8 +444,7 @@ fn cni_chains_into_the_node_and_watches_its_pods() {
         "cni",
         json!({"profile": "ambient", "global": {"platform": "k3s"}}),
     );
-    let ds: DaemonSet = typed(&k3s, "DaemonSet", "istio-cni-node");
-    let paths: Vec<String> = host_paths(&pod_spec(ds.spec.expect("spec").template.spec))
+    let paths: Vec<String> = host_paths(&daemonset_pod(&k3s, "istio-cni-node"))
         .into_iter()
         .map(|(_, p)| p)
         .collect();
@@ -746,8 +748,7 @@ fn a_values_file_written_for_istios_charts_renders() {
         render(name, values.clone());
     }
     let istiod = render("istiod", values.clone());
-    let deployment: Deployment = typed(&istiod, "Deployment", "istiod");
-    let pod = pod_spec(deployment.spec.expect("spec").template.spec);
+    let pod = deployment_pod(&istiod, "istiod");
     let discovery = container(&pod, "discovery");
     assert_eq!(
         discovery.image.as_deref(),
@@ -778,8 +779,7 @@ fn a_values_file_written_for_istios_charts_renders() {
     assert_eq!(data["EXCLUDE_NAMESPACES"], "kube-system,monitoring");
 
     let ztunnel = render("ztunnel", values);
-    let ds: DaemonSet = typed(&ztunnel, "DaemonSet", "ztunnel");
-    let pod = pod_spec(ds.spec.expect("spec").template.spec);
+    let pod = daemonset_pod(&ztunnel, "ztunnel");
     let proxy = container(&pod, "istio-proxy");
     assert_eq!(
         proxy.image.as_deref(),
