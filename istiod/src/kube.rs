@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::metrics::StatusWriteLabels;
 use crate::model::Snapshot;
 
+pub mod ca_secret;
 pub mod root_cert;
 pub mod status;
 pub mod validation_config;

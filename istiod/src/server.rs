@@ -73,6 +73,8 @@ pub enum ServerError {
     },
     #[error("Kubernetes API: {0}")]
     Kube(String),
+    #[error("the cluster's CA root: {0}")]
+    CaSecret(#[from] crate::kube::ca_secret::CaSecretError),
 }
 
 impl ServerError {
@@ -87,6 +89,7 @@ impl ServerError {
             ServerError::Webhook { .. } => "webhook",
             ServerError::StateDir { .. } => "state_dir",
             ServerError::Kube(_) => "kube",
+            ServerError::CaSecret(e) => e.reason(),
             ServerError::ServingTls(e) => e.reason(),
         }
     }
@@ -196,6 +199,21 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
         max_ttl: config.max_workload_cert_ttl,
         ..CaOptions::default()
     };
+    // On a cluster a self-signed root lives in the Secret istio-ca-secret, shared by every
+    // replica and restart; a plugged-in CA (cacerts with ca-key.pem) needs none.
+    let plugged_in = config
+        .cacerts_dir
+        .as_deref()
+        .is_some_and(|dir| dir.join(mesh_identity::ca::CA_KEY_FILE).exists());
+    if let (Some(client), false) = (&kube, plugged_in) {
+        crate::kube::ca_secret::sync(
+            client,
+            &config.pod_namespace,
+            &config.state_dir,
+            &ca_options,
+        )
+        .await?;
+    }
     let loaded = CertificateAuthority::load(
         config.cacerts_dir.as_deref(),
         &config.state_dir,

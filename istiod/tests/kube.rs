@@ -96,6 +96,9 @@ async fn the_api_source_serves_what_the_directory_source_serves() {
         let v: Value = serde_yaml::from_str(&m).expect("yaml");
         api.seed(v).expect("seed");
     }
+    // istiod's own namespace, where it keeps the CA Secret (it holds no workloads).
+    api.seed(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}}))
+        .expect("seed istio-system");
     let (source, _kubeconfig) = kubeconfig_flag(&api);
     let state_b = tempfile::tempdir().expect("state");
     let from_api = start(&source, &state_b, &tokens).await;

@@ -596,6 +596,8 @@ const ISTIOD_CALLS: &[(&str, &str, &str)] = &[
     ("", "services/status", "patch"),
     ("networking.istio.io", "serviceentries/status", "patch"),
     ("security.istio.io", "authorizationpolicies/status", "patch"),
+    ("", "secrets", "get"),
+    ("", "secrets", "create"),
     ("coordination.k8s.io", "leases", "create"),
     ("coordination.k8s.io", "leases", "update"),
     // The waypoint controller runs as istiod's service account.

@@ -109,6 +109,7 @@ pub fn core_types() -> Vec<ResourceType> {
         ResourceType::new("", "v1", "services", "Service", true).with_status(),
         ResourceType::new("", "v1", "serviceaccounts", "ServiceAccount", true),
         ResourceType::new("", "v1", "configmaps", "ConfigMap", true),
+        ResourceType::new("", "v1", "secrets", "Secret", true),
         ResourceType::new("", "v1", "nodes", "Node", false).with_status(),
         ResourceType::new(
             "discovery.k8s.io",
