@@ -20,6 +20,8 @@ import hashlib
 import io
 import json
 import os
+import platform
+import shutil
 import re
 import subprocess
 import sys
@@ -33,6 +35,10 @@ IMAGES = {
 }
 BIN = "usr/local/bin"
 ENV = ["PATH=/usr/local/bin:/usr/bin:/bin", "ENVOY_PATH=/usr/local/bin/envoy"]
+
+
+# The layer holds this machine's binaries and libraries: the image is for its architecture.
+ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}
 
 
 class ImageError(Exception):
@@ -132,11 +138,15 @@ def blob(blobs, data):
 def build(name, spec, bin_dir, envoy, out, hub, tag):
     files = image_files(spec, bin_dir, envoy)
     work = os.path.join(out, f".{name}")
+    shutil.rmtree(work, ignore_errors=True)  # what an interrupted run left
     blobs = os.path.join(work, "blobs", "sha256")
     os.makedirs(blobs, exist_ok=True)
     layer_digest, layer_size = blob(blobs, layer(files))
+    machine = platform.machine()
+    if machine not in ARCHITECTURES:
+        raise ImageError(f"no image architecture for this machine ({machine})")
     config = {
-        "architecture": "amd64",
+        "architecture": ARCHITECTURES[machine],
         "os": "linux",
         "config": {
             "Entrypoint": [f"/{BIN}/{spec['entrypoint']}"],
@@ -187,9 +197,7 @@ def build(name, spec, bin_dir, envoy, out, hub, tag):
         for digest in sorted(os.listdir(blobs)):
             with open(os.path.join(blobs, digest), "rb") as f:
                 add_file(tar, f"blobs/sha256/{digest}", f.read(), 0o644)
-    for digest in os.listdir(blobs):
-        os.remove(os.path.join(blobs, digest))
-    os.removedirs(blobs)
+    shutil.rmtree(work)
     return path, tags
 
 

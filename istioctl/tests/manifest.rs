@@ -116,7 +116,7 @@ fn profiles_choose_components_and_files_merge_before_flags() {
     let file = dir.path().join("operator.yaml");
     std::fs::write(
         &file,
-        "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec:\n  profile: minimal\n  components:\n    cni:\n      enabled: true\n",
+        "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec:\n  profile: minimal\n  revision: stable\n  components:\n    cni:\n      enabled: true\n",
     )
     .expect("write");
     let out = istioctl(&[
@@ -137,6 +137,29 @@ fn profiles_choose_components_and_files_merge_before_flags() {
     assert!(generated
         .iter()
         .any(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "istiod-canary"));
+    assert!(!generated
+        .iter()
+        .any(|o| o["metadata"]["name"] == "istiod-stable"));
+
+    // What the user writes under values wins over the spec's own fields, as in Istio.
+    let out = istioctl(&[
+        "manifest",
+        "generate",
+        "--set",
+        "hub=spec.example.com",
+        "--set",
+        "values.global.hub=values.example.com",
+        "--set",
+        "tag=1.20",
+    ]);
+    let deployment = objects(&out)
+        .into_iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("istiod");
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        "values.example.com/pilot:1.20"
+    );
 
     let out = istioctl(&["manifest", "generate"]);
     assert!(!objects(&out).is_empty());

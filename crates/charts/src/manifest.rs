@@ -74,6 +74,14 @@ pub enum ManifestError {
     },
     #[error("spec.{field} must be a mapping")]
     NotMapping { field: &'static str },
+    #[error(
+        "unknown component spec.components.{0}: this mesh installs base, pilot, cni and ztunnel"
+    )]
+    UnknownComponent(String),
+    #[error("spec.components.{component}.{field} is not supported: set the chart's values under spec.values instead")]
+    UnsupportedSetting { component: String, field: String },
+    #[error("spec.components.{0}: there is no gateway chart yet, so no gateway can be enabled")]
+    Gateway(String),
     #[error("component {component}: {source}")]
     Render {
         component: &'static str,
@@ -133,6 +141,28 @@ pub fn generate(
             })
         }
     };
+    for (key, settings) in &components {
+        let known = Component::ALL.iter().any(|c| c.spec_key() == key);
+        let gateways = matches!(key.as_str(), "ingressGateways" | "egressGateways");
+        if !known && !gateways {
+            return Err(ManifestError::UnknownComponent(key.clone()));
+        }
+        if gateways {
+            check_gateways(key, settings)?;
+            continue;
+        }
+        let Value::Object(fields) = settings else {
+            return Err(ManifestError::NotMapping {
+                field: "components.<component>",
+            });
+        };
+        if let Some(field) = fields.keys().find(|f| f.as_str() != "enabled") {
+            return Err(ManifestError::UnsupportedSetting {
+                component: key.clone(),
+                field: field.clone(),
+            });
+        }
+    }
     for component in Component::ALL {
         match &components.get(component.spec_key()).map(|c| &c["enabled"]) {
             None | Some(Value::Null) => {}
@@ -183,9 +213,22 @@ pub fn generate(
     Ok(manifest)
 }
 
-/// The values every chart gets: the spec's values with the spec's own fields laid in.
+/// Gateways cannot be installed: only a list of disabled ones is accepted.
+fn check_gateways(key: &str, settings: &Value) -> Result<(), ManifestError> {
+    let enabled = settings
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|g| g["enabled"] != Value::Bool(false));
+    if enabled || !settings.is_array() {
+        return Err(ManifestError::Gateway(key.to_string()));
+    }
+    Ok(())
+}
+
+/// The values every chart gets: the spec's own fields, with the spec's values over them.
 pub fn chart_values(spec: &OperatorSpec, profile: &str) -> Result<Value, ManifestError> {
-    let mut values = match spec.0.get("values") {
+    let values = match spec.0.get("values") {
         None | Some(Value::Null) => Map::new(),
         Some(Value::Object(map)) => map.clone(),
         Some(_) => return Err(ManifestError::NotMapping { field: "values" }),
@@ -201,7 +244,6 @@ pub fn chart_values(spec: &OperatorSpec, profile: &str) -> Result<Value, Manifes
         }
     }
     let mut top = Map::new();
-    top.insert("profile".to_string(), Value::String(profile.to_string()));
     top.insert("global".to_string(), Value::Object(global));
     if let Some(revision) = spec.string("revision") {
         top.insert("revision".to_string(), Value::String(revision));
@@ -217,8 +259,12 @@ pub fn chart_values(spec: &OperatorSpec, profile: &str) -> Result<Value, Manifes
             })
         }
     }
-    merge(&mut values, top);
-    Ok(Value::Object(values))
+    // The spec's own fields become values first; what the user wrote under `values` wins, as
+    // in Istio's istioctl.
+    merge(&mut top, values);
+    // The profile that chose the components is the one the charts apply.
+    top.insert("profile".to_string(), Value::String(profile.to_string()));
+    Ok(Value::Object(top))
 }
 
 /// The labels istioctl puts on everything it installs (a chart's own win).

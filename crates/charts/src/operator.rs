@@ -111,18 +111,29 @@ impl OperatorSpec {
         let (path, raw) = flag
             .split_once('=')
             .ok_or_else(|| SpecError::NotAssignment(flag.to_string()))?;
-        let keys: Vec<&str> = path.split('.').collect();
+        let keys = segments(path);
+        let bad = |problem: String| SpecError::BadPath {
+            flag: flag.to_string(),
+            problem,
+        };
         if keys.iter().any(|k| k.is_empty()) {
-            return Err(SpecError::BadPath {
-                flag: flag.to_string(),
-                problem: format!("'{path}' has an empty segment"),
-            });
+            return Err(bad(format!("'{path}' has an empty segment")));
         }
-        check_field(&format!("--set {flag}"), keys[0])?;
+        if keys.iter().any(|k| k.contains('[')) {
+            return Err(bad(format!(
+                "'{path}' selects a list item; list selectors are not supported: use -f with an IstioOperator file"
+            )));
+        }
+        check_field(&format!("--set {flag}"), &keys[0])?;
+        let value = if is_string_path(&keys) {
+            Value::String(raw.to_string())
+        } else {
+            scalar(raw)
+        };
         let mut at = &mut self.0;
         for (depth, key) in keys.iter().enumerate() {
             if depth + 1 == keys.len() {
-                at.insert(key.to_string(), scalar(raw));
+                at.insert(key.clone(), value);
                 break;
             }
             let next = at
@@ -166,11 +177,46 @@ fn check_field(origin: &str, field: &str) -> Result<(), SpecError> {
     })
 }
 
-/// `true`, `false`, numbers as such; everything else a string (Istio's --set).
+/// A `--set` path split at its dots; `\.` is a dot inside a key
+/// (`values.pilot.podAnnotations.sidecar\.istio\.io/inject`).
+fn segments(path: &str) -> Vec<String> {
+    let mut keys = vec![String::new()];
+    let mut chars = path.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&'.') => {
+                chars.next();
+                if let Some(key) = keys.last_mut() {
+                    key.push('.');
+                }
+            }
+            '.' => keys.push(String::new()),
+            c => {
+                if let Some(key) = keys.last_mut() {
+                    key.push(c);
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// Paths Istio always keeps as strings: image tags (`1.20` is no number) and proxy metadata.
+fn is_string_path(keys: &[String]) -> bool {
+    let path: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let in_proxy_metadata = path.len() > 1 && path[path.len() - 2] == "proxyMetadata";
+    in_proxy_metadata
+        || matches!(
+            path.as_slice(),
+            ["tag"] | ["values", "global", "tag"] | ["values", "compatibilityVersion"]
+        )
+}
+
+/// Booleans (Go's spellings) and numbers as such; everything else a string (Istio's --set).
 fn scalar(raw: &str) -> Value {
     match raw {
-        "true" => Value::Bool(true),
-        "false" => Value::Bool(false),
+        "true" | "True" | "TRUE" | "t" | "T" => Value::Bool(true),
+        "false" | "False" | "FALSE" | "f" | "F" => Value::Bool(false),
         _ => raw
             .parse::<i64>()
             .map(Value::from)
@@ -178,7 +224,7 @@ fn scalar(raw: &str) -> Value {
             .or_else(|| {
                 raw.parse::<f64>()
                     .ok()
-                    .filter(|f| f.is_finite() && raw.contains('.'))
+                    .filter(|f| f.is_finite() && raw.contains(['.', 'e', 'E']))
                     .and_then(|f| serde_json::Number::from_f64(f).map(Value::Number))
             })
             .unwrap_or_else(|| Value::String(raw.to_string())),
@@ -232,6 +278,40 @@ mod tests {
             })
         );
         assert_eq!(spec.string("profile").as_deref(), Some("ambient"));
+    }
+
+    #[test]
+    fn tags_and_proxy_metadata_stay_strings_and_escaped_dots_stay_in_keys() {
+        let mut spec = OperatorSpec::default();
+        for flag in [
+            "tag=1.20",
+            "values.global.tag=1.20",
+            "meshConfig.defaultConfig.proxyMetadata.ISTIO_META_DNS_CAPTURE=true",
+            r"values.pilot.podAnnotations.sidecar\.istio\.io/inject=false",
+            "components.cni.enabled=True",
+            "values.pilot.traceSampling=1e2",
+        ] {
+            spec.set(flag).expect(flag);
+        }
+        assert_eq!(
+            Value::Object(spec.0.clone()),
+            json!({
+                "tag": "1.20",
+                "values": {
+                    "global": {"tag": "1.20"},
+                    "pilot": {"podAnnotations": {"sidecar.istio.io/inject": false}, "traceSampling": 100.0}
+                },
+                "meshConfig": {"defaultConfig": {"proxyMetadata": {"ISTIO_META_DNS_CAPTURE": "true"}}},
+                "components": {"cni": {"enabled": true}}
+            })
+        );
+        let err = spec
+            .set("components.ingressGateways[0].enabled=false")
+            .expect_err("list selector");
+        assert!(
+            err.to_string().contains("list selectors are not supported"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -69,6 +69,30 @@ fn unpack(archive: &Path, root: &Path) -> Value {
     json!({"manifest": manifest[0], "config": config})
 }
 
+/// The blob a descriptor names, after checking its digest and size.
+fn verified_blob(archive: &Path, descriptor: &Value) -> Vec<u8> {
+    let digest = descriptor["digest"].as_str().expect("digest");
+    let hex = digest.strip_prefix("sha256:").expect("sha256 digest");
+    let blob = read_entry(archive, &format!("blobs/sha256/{hex}"));
+    let actual = Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), &blob)?;
+            child.wait_with_output()
+        })
+        .expect("sha256sum runs");
+    let actual = String::from_utf8_lossy(&actual.stdout);
+    assert_eq!(actual.split_whitespace().next(), Some(hex), "{digest}");
+    assert_eq!(
+        descriptor["size"].as_u64(),
+        Some(blob.len() as u64),
+        "{digest}"
+    );
+    blob
+}
+
 fn run_in(root: &Path, env: &[&str], args: &[&str]) -> Output {
     // chroot(8) lives in /usr/sbin, outside the PATH the image sets.
     let mut command = Command::new("/usr/sbin/chroot");
@@ -116,6 +140,22 @@ fn images_carry_the_charts_names_and_their_entrypoints_run() {
             index["manifests"].as_array().map(Vec::len),
             Some(2),
             "{name}"
+        );
+        // Every descriptor names its blob by the blob's own digest and size, as `ctr import`
+        // and `docker load` check them.
+        let manifest_blob = verified_blob(&archive, &index["manifests"][0]);
+        let manifest: Value = serde_json::from_slice(&manifest_blob).expect("image manifest");
+        verified_blob(&archive, &manifest["config"]);
+        verified_blob(&archive, &manifest["layers"][0]);
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            other => other,
+        };
+        assert_eq!(image["config"]["architecture"], arch, "{name}");
+        assert_eq!(
+            image["config"]["rootfs"]["diff_ids"][0], manifest["layers"][0]["digest"],
+            "{name}: an uncompressed layer's diff id is its digest"
         );
         let entrypoint = image["config"]["config"]["Entrypoint"][0]
             .as_str()

@@ -32,11 +32,19 @@ pub enum CaSecretError {
         namespace: String,
         key: &'static str,
     },
-    #[error("cannot read or create Secret {namespace}/{CA_SECRET} (gave up after {PATIENCE:?}): {source}; does istiod's Role allow get and create on secrets?")]
-    Api {
+    #[error("the API server refused to read or create Secret {namespace}/{CA_SECRET}: {source}; does istiod's Role allow get and create on secrets?")]
+    Refused {
         namespace: String,
         #[source]
         source: kube::Error,
+    },
+    #[error("cannot read or create Secret {namespace}/{CA_SECRET} within {PATIENCE:?} (last: {last}); is the API server reachable?")]
+    TimedOut { namespace: String, last: String },
+    #[error("Secret {namespace}/{CA_SECRET} does not hold a usable CA: {source}; an RSA key must be PKCS#8 (openssl pkcs8 -topk8 -nocrypt)")]
+    Unusable {
+        namespace: String,
+        #[source]
+        source: mesh_identity::ca::CaError,
     },
     #[error("cannot write {path}: {source}")]
     Write {
@@ -58,7 +66,9 @@ impl CaSecretError {
     pub fn reason(&self) -> &'static str {
         match self {
             CaSecretError::MissingKey { .. } => "missing_key",
-            CaSecretError::Api { .. } => "api",
+            CaSecretError::Refused { .. } => "refused",
+            CaSecretError::TimedOut { .. } => "timed_out",
+            CaSecretError::Unusable { .. } => "unusable",
             CaSecretError::Write { .. } | CaSecretError::Read { .. } => "state_dir",
             CaSecretError::Ca(_) => "ca",
         }
@@ -82,50 +92,97 @@ pub async fn sync(
     options: &CaOptions,
 ) -> Result<Outcome, CaSecretError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let api_error = |source| CaSecretError::Api {
-        namespace: namespace.to_string(),
-        source,
-    };
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut delay = Duration::from_millis(250);
     loop {
-        let error = match secrets.get_opt(CA_SECRET).await {
-            Ok(Some(secret)) => {
-                write_state(&secret, namespace, state_dir)?;
-                return Ok(Outcome::Loaded);
-            }
-            Ok(None) => {
-                // The root this directory holds, or a new one, becomes the cluster's.
-                CertificateAuthority::self_signed(state_dir, options.clone())?;
-                match secrets
-                    .create(&PostParams::default(), &secret(state_dir)?)
-                    .await
-                {
-                    Ok(_) => return Ok(Outcome::Created),
-                    // Another replica stored its root first: take that one.
-                    Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                    Err(e) => e,
-                }
-            }
-            Err(e) => e,
+        let error = match attempt(&secrets, namespace, state_dir, options, deadline).await? {
+            Ok(outcome) => return Ok(outcome),
+            Err(error) => error,
         };
-        // A refusal (403, 422, ...) will not change by asking again.
-        if let kube::Error::Api(e) = &error {
-            if (400..500).contains(&e.code) && e.code != 429 {
-                return Err(api_error(error));
+        // A refusal (403, 422, ...) will not change by asking again; a 409 is another
+        // replica's Secret, read on the next round.
+        if let Attempt::Api(kube::Error::Api(e)) = &error {
+            if (400..500).contains(&e.code) && e.code != 409 && e.code != 429 {
+                return Err(error.refused(namespace));
             }
         }
-        let e = error;
         if tokio::time::Instant::now() + delay > deadline {
-            return Err(api_error(e));
+            return Err(error.timed_out(namespace));
         }
-        tracing::warn!(error = %e, secret = CA_SECRET, namespace, "cannot reach the CA Secret; retrying");
+        tracing::warn!(error = %error, secret = CA_SECRET, namespace, "cannot have the CA Secret yet; retrying");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_secs(8));
     }
 }
 
-fn write_state(secret: &Secret, namespace: &str, state_dir: &Path) -> Result<(), CaSecretError> {
+/// Why one round failed, to be retried or not.
+#[derive(Debug, thiserror::Error)]
+enum Attempt {
+    #[error("{0}")]
+    Api(kube::Error),
+    #[error("no answer")]
+    NoAnswer,
+}
+
+impl Attempt {
+    fn refused(self, namespace: &str) -> CaSecretError {
+        match self {
+            Attempt::Api(source) => CaSecretError::Refused {
+                namespace: namespace.to_string(),
+                source,
+            },
+            Attempt::NoAnswer => self.timed_out(namespace),
+        }
+    }
+
+    fn timed_out(self, namespace: &str) -> CaSecretError {
+        CaSecretError::TimedOut {
+            namespace: namespace.to_string(),
+            last: self.to_string(),
+        }
+    }
+}
+
+/// One round: read the Secret, or store this istiod's root as it. The outer `Err` ends
+/// start-up; the inner one may be retried.
+async fn attempt(
+    secrets: &Api<Secret>,
+    namespace: &str,
+    state_dir: &Path,
+    options: &CaOptions,
+    deadline: tokio::time::Instant,
+) -> Result<Result<Outcome, Attempt>, CaSecretError> {
+    // The client has no read timeout of its own: an API server that never answers must not
+    // hold start-up past the deadline.
+    let bounded = |call| tokio::time::timeout_at(deadline, call);
+    let found = match bounded(secrets.get_opt(CA_SECRET)).await {
+        Err(_) => return Ok(Err(Attempt::NoAnswer)),
+        Ok(Err(e)) => return Ok(Err(Attempt::Api(e))),
+        Ok(Ok(found)) => found,
+    };
+    if let Some(secret) = found {
+        write_state(&secret, namespace, state_dir, options)?;
+        return Ok(Ok(Outcome::Loaded));
+    }
+    // The root this directory holds, or a new one, becomes the cluster's.
+    CertificateAuthority::self_signed(state_dir, options.clone())?;
+    let new = secret(state_dir)?;
+    Ok(
+        match tokio::time::timeout_at(deadline, secrets.create(&PostParams::default(), &new)).await
+        {
+            Err(_) => Err(Attempt::NoAnswer),
+            Ok(Err(e)) => Err(Attempt::Api(e)),
+            Ok(Ok(_)) => Ok(Outcome::Created),
+        },
+    )
+}
+
+fn write_state(
+    secret: &Secret,
+    namespace: &str,
+    state_dir: &Path,
+    options: &CaOptions,
+) -> Result<(), CaSecretError> {
     let data = secret.data.clone().unwrap_or_default();
     let mut files = Vec::new();
     for (key, mode) in [(CA_CERT_FILE, 0o644), (CA_KEY_FILE, 0o600)] {
@@ -136,11 +193,31 @@ fn write_state(secret: &Secret, namespace: &str, state_dir: &Path) -> Result<(),
                     namespace: namespace.to_string(),
                     key,
                 })?;
-        files.push((state_dir.join(key), value.0.clone(), mode));
+        files.push((key, value.0.clone(), mode));
     }
-    for (path, bytes, mode) in files {
-        write_file(&path, &bytes, mode)?;
+    // Loaded in a scratch directory first: a Secret that does not make a CA leaves the state
+    // directory as it was.
+    let scratch = state_dir.join(".ca-secret");
+    std::fs::create_dir_all(&scratch).map_err(|source| CaSecretError::Write {
+        path: scratch.clone(),
+        source,
+    })?;
+    for (key, bytes, mode) in &files {
+        write_file(&scratch.join(key), bytes, *mode)?;
     }
+    let loaded = CertificateAuthority::self_signed(&scratch, options.clone());
+    if let Err(source) = loaded {
+        let _ = std::fs::remove_dir_all(&scratch);
+        return Err(CaSecretError::Unusable {
+            namespace: namespace.to_string(),
+            source,
+        });
+    }
+    for (key, _, _) in &files {
+        let (from, to) = (scratch.join(key), state_dir.join(key));
+        std::fs::rename(&from, &to).map_err(|source| CaSecretError::Write { path: to, source })?;
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
     tracing::info!(
         secret = CA_SECRET,
         namespace,
@@ -164,6 +241,7 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), CaSecretError> 
         .open(&tmp)
         .map_err(write)?;
     std::io::Write::write_all(&mut file, data).map_err(write)?;
+    file.sync_all().map_err(write)?;
     std::fs::rename(&tmp, path).map_err(write)
 }
 

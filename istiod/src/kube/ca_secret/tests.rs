@@ -90,3 +90,39 @@ async fn a_secret_without_its_key_is_refused_by_name_and_the_directory_is_kept()
     );
     assert!(!dir.path().join(CA_KEY_FILE).exists());
 }
+
+#[tokio::test]
+async fn a_secret_that_makes_no_ca_leaves_the_state_directory_alone() {
+    let (_api, client) = api().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    CertificateAuthority::self_signed(dir.path(), options()).expect("a root of its own");
+    let before = root(dir.path());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "istio-system");
+    let garbage = Secret {
+        metadata: ObjectMeta {
+            name: Some(CA_SECRET.to_string()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([
+            (
+                CA_CERT_FILE.to_string(),
+                ByteString(b"not a certificate".to_vec()),
+            ),
+            (CA_KEY_FILE.to_string(), ByteString(b"not a key".to_vec())),
+        ])),
+        ..Default::default()
+    };
+    secrets
+        .create(&PostParams::default(), &garbage)
+        .await
+        .expect("create");
+    let err = sync(&client, "istio-system", dir.path(), &options())
+        .await
+        .expect_err("unusable");
+    assert!(
+        err.to_string()
+            .starts_with("Secret istio-system/istio-ca-secret does not hold a usable CA"),
+        "{err}"
+    );
+    assert_eq!(root(dir.path()), before);
+}
