@@ -55,6 +55,10 @@ pub struct PodRecord {
     pub service_account: String,
     /// The pod's network namespace (`CNI_NETNS`, or `/proc/<pid>/ns/net`).
     pub netns: PathBuf,
+    /// The namespace's inode when it was recorded: a `/proc/<pid>/ns/net` path whose pid was
+    /// reused names another namespace, which must not be captured on restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns_inode: Option<u64>,
     #[serde(default)]
     pub ips: Vec<IpAddr>,
     /// DNS capture as applied (or to apply).
@@ -236,9 +240,20 @@ pub fn render_table(pods: &[PodRecord]) -> String {
     out
 }
 
-/// Whether a netns path still exists (the pod is running).
-pub fn netns_exists(path: &Path) -> bool {
-    std::fs::metadata(path).is_ok()
+/// The inode of the namespace a path names now, if it exists.
+pub fn netns_inode(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| m.ino())
+}
+
+/// Whether the record's netns is still the pod's: it exists and, when its inode was
+/// recorded, is the same namespace.
+pub fn netns_still_the_pods(record: &PodRecord) -> bool {
+    match (netns_inode(&record.netns), record.netns_inode) {
+        (None, _) => false,
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+    }
 }
 
 #[cfg(test)]

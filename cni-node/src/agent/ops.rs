@@ -15,7 +15,7 @@ use super::{parse_ips, AgentError, Inner, Records, RestoreSummary};
 use crate::event::CniAddEvent;
 use crate::redirect::PodNetwork;
 use crate::selection::{decide, is_terminated, Decision};
-use crate::state::{netns_exists, procscan, PodRecord, Redirection};
+use crate::state::{netns_inode, netns_still_the_pods, procscan, PodRecord, Redirection};
 
 fn key_of(record: &PodRecord) -> PodKey {
     (record.namespace.clone(), record.name.clone())
@@ -223,6 +223,7 @@ pub(super) async fn cni_add(inner: &Inner, event: CniAddEvent) -> Result<(), Age
         namespace: key.0.clone(),
         name: key.1.clone(),
         service_account: pod_service_account(&pod),
+        netns_inode: netns_inode(&netns),
         netns,
         ips,
         dns_capture: match decision {
@@ -264,8 +265,8 @@ pub(super) async fn restore(inner: &Inner) -> Result<RestoreSummary, AgentError>
     let mut summary = RestoreSummary::default();
     for mut record in loaded {
         let pod = pod_name(&record);
-        if !netns_exists(&record.netns) {
-            info!(%pod, netns = %record.netns.display(), "pod's netns is gone; forgetting it");
+        if !netns_still_the_pods(&record) {
+            info!(%pod, netns = %record.netns.display(), "pod's netns is gone (or is another namespace now); forgetting it");
             summary.dropped += 1;
             continue;
         }
@@ -440,6 +441,7 @@ async fn adopt(inner: &Inner, records: &mut Records, keys: Vec<PodKey>) {
             name: key.1.clone(),
             service_account: pod_service_account(&pod),
             netns: netns.clone(),
+            netns_inode: netns_inode(netns),
             ips: status_ips(&pod),
             dns_capture,
             bypass_inbound,

@@ -10,6 +10,7 @@ fn record(name: &str, redirection: Option<Redirection>) -> PodRecord {
         name: name.to_string(),
         service_account: "sa".to_string(),
         netns: PathBuf::from(format!("/var/run/netns/{name}")),
+        netns_inode: None,
         ips: vec!["10.1.0.5".parse().expect("ip")],
         dns_capture: true,
         bypass_inbound: false,
@@ -122,4 +123,26 @@ fn status_table_lists_every_pod() {
         lines[2].contains(" - ") && !lines[2].contains("enabled"),
         "{table}"
     );
+}
+
+#[test]
+fn a_netns_path_that_names_another_namespace_now_is_not_the_pods() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("netns");
+    std::fs::write(&path, "").expect("file");
+    let mut r = record("a", None);
+    r.netns = path.clone();
+    r.netns_inode = netns_inode(&path);
+    assert!(netns_still_the_pods(&r));
+    // The same path, another inode: a reused pid's /proc/<pid>/ns/net.
+    let other = dir.path().join("other");
+    std::fs::write(&other, "").expect("another file");
+    std::fs::rename(&other, &path).expect("now the path names it");
+    assert_ne!(netns_inode(&path), r.netns_inode);
+    assert!(!netns_still_the_pods(&r));
+    // Records written before inodes were kept are judged by the path alone.
+    r.netns_inode = None;
+    assert!(netns_still_the_pods(&r));
+    std::fs::remove_file(&path).expect("remove");
+    assert!(!netns_still_the_pods(&r));
 }
