@@ -49,11 +49,16 @@ pub fn netlink_reply(data: &[u8]) {
 /// parses the `forwarded` header as the inbound proxy does and refuses. The server must finish
 /// once the peer closes; a hang is a finding.
 pub fn hbone_request(data: &[u8]) {
-    hbone_exchange(data);
+    hbone_exchange(data, None);
 }
 
-/// [`hbone_request`], returning the bytes the server answered with.
-pub fn hbone_exchange(data: &[u8]) -> Vec<u8> {
+/// Whether the bytes a server answered with so far are the answer a caller waits for.
+pub type AnswerCheck<'a> = dyn Fn(&[u8]) -> bool + 'a;
+
+/// [`hbone_request`], returning the bytes the server answered with. The peer closes once
+/// `answered` holds for what came back so far (a test waits for its answer, up to 5 s), or
+/// without one after a few turns of the scheduler (the fuzzer does not wait).
+pub fn hbone_exchange(data: &[u8], answered: Option<&AnswerCheck<'_>>) -> Vec<u8> {
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -89,12 +94,21 @@ pub fn hbone_exchange(data: &[u8]) -> Vec<u8> {
         let talk = async move {
             let _ = client.write_all(&input).await;
             // Let the request tasks answer before the connection closes (all in memory, on
-            // this one thread: a few turns of the scheduler are enough).
+            // this one thread: a few turns of the scheduler are usually enough; a caller that
+            // needs the answer reads until it has it).
             for _ in 0..32 {
                 tokio::task::yield_now().await;
             }
-            let _ = client.shutdown().await;
             let mut answer = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let wait = tokio::time::Instant::now() + Duration::from_secs(5);
+            while answered.is_some_and(|done| !done(&answer)) {
+                match tokio::time::timeout_at(wait, client.read(&mut chunk)).await {
+                    Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&chunk[..n]),
+                    _ => break,
+                }
+            }
+            let _ = client.shutdown().await;
             let _ = client.read_to_end(&mut answer).await;
             answer
         };
