@@ -193,8 +193,9 @@ impl Config {
             .discovery_address
             .clone()
             .unwrap_or_else(|| DEFAULT_DISCOVERY_ADDRESS.to_string());
-        let discovery_address = url(&discovery);
-        let ca_address = get(CA_ADDR).map_or_else(|| discovery_address.clone(), url);
+        let discovery_address = mesh_certs::istiod_url(&discovery);
+        let ca_address =
+            get(CA_ADDR).map_or_else(|| discovery_address.clone(), mesh_certs::istiod_url);
         let mut duration = |name: &str, value: Option<&str>, default: Duration| match value {
             None => default,
             Some(v) => humantime::parse_duration(v).unwrap_or_else(|e| {
@@ -292,15 +293,6 @@ impl Config {
 
     pub fn path(&self, relative: &str) -> PathBuf {
         self.root.join(relative)
-    }
-}
-
-/// `host:port` -> `https://host:port`; URLs are kept.
-fn url(address: &str) -> String {
-    if address.contains("://") {
-        address.to_string()
-    } else {
-        format!("https://{address}")
     }
 }
 

@@ -469,13 +469,16 @@ impl Config {
             .or((proxy_mode == ProxyMode::Shared).then_some(DEFAULT_INPOD_MARK));
         let root_cert = PathBuf::from(DEFAULT_ROOT_CERT);
         Config {
-            xds_address: v.non_empty(XDS_ADDRESS).map(with_scheme).or_else(|| {
-                // Present but empty disables xDS.
-                v.get(XDS_ADDRESS).is_none().then(|| istiod.to_string())
-            }),
+            xds_address: v
+                .non_empty(XDS_ADDRESS)
+                .map(|a| mesh_certs::istiod_url(&a))
+                .or_else(|| {
+                    // Present but empty disables xDS.
+                    v.get(XDS_ADDRESS).is_none().then(|| istiod.to_string())
+                }),
             ca_address: v
                 .non_empty(CA_ADDRESS)
-                .map_or_else(|| istiod.to_string(), with_scheme),
+                .map_or_else(|| istiod.to_string(), |a| mesh_certs::istiod_url(&a)),
             xds_root_cert: v
                 .non_empty(XDS_ROOT_CA)
                 .map_or(root_cert.clone(), PathBuf::from),
@@ -608,14 +611,5 @@ pub fn termination_from_grace(grace: u64) -> u64 {
         grace - 5
     } else {
         grace.saturating_sub(1)
-    }
-}
-
-/// `host:port` means `https://host:port`; an address with a scheme stays as it is.
-fn with_scheme(address: String) -> String {
-    if address.contains("://") {
-        address
-    } else {
-        format!("https://{address}")
     }
 }

@@ -1,12 +1,3 @@
-{{- /* <hub>/<image>:<tag>[-<variant>] (hub, tag, variant falling back to global.*). */ -}}
-{{- define "cni.image" -}}
-{{- if contains "/" .Values.image -}}
-{{ .Values.image }}
-{{- else -}}
-{{ .Values.hub | default .Values.global.hub }}/{{ .Values.image | default "install-cni" }}:{{ .Values.tag | default .Values.global.tag }}{{ with (.Values.variant | default .Values.global.variant) }}-{{ . }}{{ end }}
-{{- end }}
-{{- end }}
-
 {{- /* Whether namespaced / cluster-scoped objects are rendered (global.resourceScope). */ -}}
 {{- define "cni.namespaced" -}}
 {{- if has .Values.global.resourceScope (list "all" "namespace") }}true{{ end }}
@@ -32,16 +23,4 @@ install.operator.istio.io/owning-resource: {{ .Values.ownerName | default "unkno
 operator.istio.io/component: "Cni"
 app.kubernetes.io/name: istio-cni
 {{ include "istio.labels" . }}
-{{- end }}
-
-{{- /* Resource requests and limits without empty entries. */ -}}
-{{- define "cni.resources" -}}
-{{- with .limits }}
-limits:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .requests }}
-requests:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
 {{- end }}

@@ -7,15 +7,6 @@
 istiod{{ include "istiod.suffix" . }}
 {{- end }}
 
-{{- /* <hub>/<image>:<tag>[-<variant>] (hub, tag, variant falling back to global.*). */ -}}
-{{- define "istiod.image" -}}
-{{- if contains "/" .Values.image -}}
-{{ .Values.image }}
-{{- else -}}
-{{ .Values.hub | default .Values.global.hub }}/{{ .Values.image | default "pilot" }}:{{ .Values.tag | default .Values.global.tag }}{{ with (.Values.variant | default .Values.global.variant) }}-{{ . }}{{ end }}
-{{- end }}
-{{- end }}
-
 {{- define "istiod.namespaced" -}}
 {{- if has .Values.global.resourceScope (list "all" "namespace") }}true{{ end }}
 {{- end }}
@@ -58,17 +49,5 @@ app: istiod
 istio.io/rev: {{ .Values.revision | quote }}
 {{- else }}
 istio: pilot
-{{- end }}
-{{- end }}
-
-{{- /* Resource requests and limits without empty entries. */ -}}
-{{- define "istiod.resources" -}}
-{{- with .limits }}
-limits:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .requests }}
-requests:
-  {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}

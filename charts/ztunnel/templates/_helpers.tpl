@@ -3,15 +3,6 @@
 {{- .Values.resourceName | default "ztunnel" }}
 {{- end }}
 
-{{- /* <hub>/<image>:<tag>[-<variant>], or the image as given when it names a registry. */ -}}
-{{- define "ztunnel.image" -}}
-{{- if contains "/" .Values.image -}}
-{{ .Values.image }}
-{{- else -}}
-{{ .Values.hub }}/{{ .Values.image | default "ztunnel" }}:{{ .Values.tag }}{{ with .Values.variant }}-{{ . }}{{ end }}
-{{- end }}
-{{- end }}
-
 {{- /* istiod's address as ztunnel dials it. */ -}}
 {{- define "ztunnel.istiod" -}}
 istiod{{ with .Values.revision }}-{{ . }}{{ end }}.{{ .Values.istioNamespace }}.svc:15012
@@ -22,17 +13,6 @@ istiod{{ with .Values.revision }}-{{ . }}{{ end }}.{{ .Values.istioNamespace }}.
 {{- if has .Values.resourceScope (list "all" "namespace") }}true{{ end }}
 {{- end }}
 
-{{- /* Resource requests and limits without empty entries. */ -}}
-{{- define "ztunnel.resources" -}}
-{{- with .limits }}
-limits:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .requests }}
-requests:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- end }}
 
 {{- /* Annotations of every object: the user's, and the revision. */ -}}
 {{- define "ztunnel.annotations" -}}

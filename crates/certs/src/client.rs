@@ -142,6 +142,16 @@ impl CaClient for GrpcCaClient {
     }
 }
 
+/// istiod's address as proxies are given it: `host:port` (as Istio's charts and values write
+/// it) means `https://host:port`; an address with a scheme is kept.
+pub fn istiod_url(address: &str) -> String {
+    if address.contains("://") {
+        address.to_string()
+    } else {
+        format!("https://{address}")
+    }
+}
+
 /// A lazily connecting gRPC channel to istiod: `http://host:port` (h2c, tests) or
 /// `https://host:port`, whose serving certificate is verified by host name against the PEM
 /// roots at `root_cert_path` (read now).

@@ -19,8 +19,8 @@ mod manager;
 mod x509;
 
 pub use client::{
-    grpc_channel, CaClientConfig, GrpcCaClient, DEFAULT_CLUSTER_ID, DEFAULT_ROOT_CERT_PATH,
-    DEFAULT_SECRET_TTL, DEFAULT_TOKEN_PATH, IMPERSONATED_IDENTITY,
+    grpc_channel, istiod_url, CaClientConfig, GrpcCaClient, DEFAULT_CLUSTER_ID,
+    DEFAULT_ROOT_CERT_PATH, DEFAULT_SECRET_TTL, DEFAULT_TOKEN_PATH, IMPERSONATED_IDENTITY,
 };
 pub use manager::{
     CertDump, CertDumpEntry, CertManager, CertManagerOptions, DEFAULT_INITIAL_BACKOFF,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, PodSpec, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
+use mesh_charts::manifest::Component;
 use mesh_charts::{charts_dir, Helm, HelmError, Rendered, Severity, CHARTS, PROFILES};
 use serde_json::{json, Value};
 
@@ -16,12 +17,14 @@ fn chart(name: &str) -> PathBuf {
     charts_dir().join(name)
 }
 
-fn release(name: &str) -> &str {
-    match name {
-        "base" => "istio-base",
-        "cni" => "istio-cni",
-        other => other,
-    }
+/// The release name istioctl gives the chart (`istio-base`, `istiod`, `istio-cni`, `ztunnel`).
+fn release(name: &str) -> &'static str {
+    Component::ALL
+        .iter()
+        .map(|c| c.chart())
+        .find(|(chart, _)| *chart == name)
+        .map(|(_, release)| release)
+        .unwrap_or_else(|| panic!("no component renders chart {name}"))
 }
 
 fn render(name: &str, values: Value) -> Rendered {

@@ -22,7 +22,7 @@ mod csr_check;
 mod load;
 
 pub use csr_check::MIN_RSA_BITS;
-pub use load::{CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE, ROOT_CERT_FILE};
+pub use load::{write_file, CA_CERT_FILE, CA_KEY_FILE, CERT_CHAIN_FILE, ROOT_CERT_FILE};
 
 /// Default and maximum workload certificate lifetime (Istio's `SECRET_TTL` / max TTL).
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(24 * 3600);

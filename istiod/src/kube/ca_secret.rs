@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
-use mesh_identity::ca::{CaOptions, CertificateAuthority, CA_CERT_FILE, CA_KEY_FILE};
+use mesh_identity::ca::{write_file, CaOptions, CertificateAuthority, CA_CERT_FILE, CA_KEY_FILE};
 
 /// The Secret's name and type.
 pub const CA_SECRET: &str = "istio-ca-secret";
@@ -154,8 +154,7 @@ async fn attempt(
 ) -> Result<Result<Outcome, Attempt>, CaSecretError> {
     // The client has no read timeout of its own: an API server that never answers must not
     // hold start-up past the deadline.
-    let bounded = |call| tokio::time::timeout_at(deadline, call);
-    let found = match bounded(secrets.get_opt(CA_SECRET)).await {
+    let found = match tokio::time::timeout_at(deadline, secrets.get_opt(CA_SECRET)).await {
         Err(_) => return Ok(Err(Attempt::NoAnswer)),
         Ok(Err(e)) => return Ok(Err(Attempt::Api(e))),
         Ok(Ok(found)) => found,
@@ -224,25 +223,6 @@ fn write_state(
         "using the cluster's self-signed root"
     );
     Ok(())
-}
-
-fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), CaSecretError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let write = |source| CaSecretError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let tmp = path.with_extension("tmp");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(write)?;
-    std::io::Write::write_all(&mut file, data).map_err(write)?;
-    file.sync_all().map_err(write)?;
-    std::fs::rename(&tmp, path).map_err(write)
 }
 
 fn secret(state_dir: &Path) -> Result<Secret, CaSecretError> {

@@ -154,7 +154,7 @@ fn generate_root(dir: &Path, options: &CaOptions) -> Result<Material, CaError> {
 }
 
 /// Writes through a temporary file and renames, so a crash never leaves half a key.
-fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), CaError> {
+pub fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), CaError> {
     let tmp = path.with_extension("pem.tmp");
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
