@@ -5,7 +5,7 @@
 
 mod analyzers;
 mod index;
-mod message;
+pub mod message;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use istioctl::{
-    analyze, csr, manifest, precheck, proxy_config, waypoint, xds_dump, ztunnel_config,
+    analyze, csr, install, manifest, precheck, proxy_config, uninstall, waypoint, xds_dump,
+    ztunnel_config,
 };
 
 #[derive(Debug, Parser)]
@@ -44,6 +45,12 @@ enum Command {
         #[command(subcommand)]
         command: manifest::ManifestCommand,
     },
+    /// Install the mesh into a cluster: apply what `manifest generate` renders, wait for it
+    /// to be ready, and prune what an earlier install left.
+    #[command(visible_alias = "apply")]
+    Install(install::InstallArgs),
+    /// Remove the mesh (a revision's control plane, or everything with --purge) from a cluster.
+    Uninstall(uninstall::UninstallArgs),
     /// Analyze a directory of Kubernetes/Istio YAML and print validation messages.
     Analyze(analyze::AnalyzeArgs),
     /// Experimental commands.
@@ -60,7 +67,8 @@ enum Experimental {
     XdsDump(xds_dump::XdsDumpArgs),
     /// Request a workload certificate from istiod's CA (as a node's ztunnel) and show it.
     Csr(csr::CsrArgs),
-    /// Check that this host can run the mesh in its local mode.
+    /// Check that a cluster (with --kubeconfig, --context or KUBECONFIG) or this host (the
+    /// local mode) can run the mesh.
     Precheck(precheck::PrecheckArgs),
 }
 
@@ -87,6 +95,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Analyze(args) => Ok(analyze::run(&args)?),
+        Command::Install(args) => Ok(install::run(&args).await?),
+        Command::Uninstall(args) => Ok(uninstall::run(&args).await?),
         Command::Manifest { command } => {
             let (yaml, notes) = manifest::run(command)?;
             for note in notes {
@@ -109,6 +119,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Experimental { command } => match command {
             Experimental::XdsDump(args) => xds_dump::run(args).await.map(|()| ExitCode::SUCCESS),
             Experimental::Csr(args) => csr::run(args).await.map(|()| ExitCode::SUCCESS),
+            Experimental::Precheck(args) if args.cluster_mode() => {
+                Ok(precheck::run_cluster(&args).await?)
+            }
             Experimental::Precheck(args) => Ok(precheck::run(&args)),
         },
     }

@@ -7,9 +7,18 @@ use std::process::{Command, ExitCode};
 
 use clap::Args;
 
+pub mod cluster;
+
 /// Flags of `istioctl x precheck`.
 #[derive(Debug, Args)]
 pub struct PrecheckArgs {
+    /// Check a cluster instead of this host; used when `--kubeconfig` or `--context` is given,
+    /// or `KUBECONFIG` is set.
+    #[command(flatten)]
+    pub kube: crate::cluster::KubeArgs,
+    /// The namespace the control plane goes to (for the permission checks).
+    #[arg(short = 'i', long = "istioNamespace", default_value = "istio-system")]
+    pub istio_namespace: String,
     /// Directory of the standard CNI plugins (bridge, host-local).
     #[arg(long, env = "CNI_BIN_DIR", default_value = "/usr/lib/cni")]
     pub cni_bin_dir: PathBuf,
@@ -65,7 +74,23 @@ impl Check {
     }
 }
 
-/// Runs every check and prints the report.
+impl PrecheckArgs {
+    /// Whether to check a cluster rather than this host.
+    pub fn cluster_mode(&self) -> bool {
+        self.kube.kubeconfig.is_some()
+            || self.kube.context.is_some()
+            || std::env::var_os("KUBECONFIG").is_some_and(|k| !k.is_empty())
+    }
+}
+
+/// Runs the cluster's checks and prints the report.
+pub async fn run_cluster(args: &PrecheckArgs) -> Result<ExitCode, cluster::ClusterCheckError> {
+    let mut c = args.kube.cluster().await?;
+    let messages = cluster::messages(&mut c, &args.istio_namespace).await?;
+    Ok(cluster::report(&messages))
+}
+
+/// Runs every check of this host and prints the report.
 pub fn run(args: &PrecheckArgs) -> ExitCode {
     let checks = checks(args);
     for c in &checks {

@@ -39,6 +39,11 @@ impl Component {
         }
     }
 
+    /// The component an `operator.istio.io/component` value names.
+    pub fn from_name(name: &str) -> Option<Component> {
+        Component::ALL.into_iter().find(|c| c.name() == name)
+    }
+
     fn spec_key(self) -> &'static str {
         match self {
             Component::Base => "base",
@@ -108,6 +113,14 @@ pub struct Manifest {
     pub components: Vec<(Component, Vec<Object>)>,
     /// What was asked for and is not installed (the ingress gateways of some profiles).
     pub notes: Vec<String>,
+    /// The profile the spec chose (`default` when it chose none).
+    pub profile: String,
+    /// The revision (`default` when the spec names none), as in the `istio.io/rev` label.
+    pub revision: String,
+    /// The namespace the control plane goes to (`values.global.istioNamespace`).
+    pub namespace: String,
+    /// `values.global.network`, which labels the namespace an install creates.
+    pub network: Option<String>,
 }
 
 impl Manifest {
@@ -177,7 +190,10 @@ pub fn generate(
             }
         }
     }
-    let mut manifest = Manifest::default();
+    let mut manifest = Manifest {
+        profile: profile.clone(),
+        ..Manifest::default()
+    };
     if matches!(profile.as_str(), "default" | "demo") {
         manifest.notes.push(format!(
             "profile {profile} also has Istio's ingress gateway{}; it is not installed (there is no gateway chart yet)",
@@ -192,6 +208,10 @@ pub fn generate(
         .as_str()
         .unwrap_or("istio-system")
         .to_string();
+    manifest.network = values["global"]["network"]
+        .as_str()
+        .filter(|n| !n.is_empty())
+        .map(str::to_string);
     for component in Component::ALL.into_iter().filter(|c| enabled.contains(c)) {
         let (chart, release) = component.chart();
         let rendered = helm
@@ -210,6 +230,8 @@ pub fn generate(
             .collect();
         manifest.components.push((component, objects));
     }
+    manifest.revision = revision;
+    manifest.namespace = namespace;
     Ok(manifest)
 }
 
@@ -267,22 +289,36 @@ pub fn chart_values(spec: &OperatorSpec, profile: &str) -> Result<Value, Manifes
     Ok(Value::Object(top))
 }
 
-/// The labels istioctl puts on everything it installs (a chart's own win).
-fn label(object: &mut Value, component: Component, revision: &str) {
-    let labels = [
-        ("operator.istio.io/component", component.name()),
-        ("operator.istio.io/managed", "Reconcile"),
-        ("operator.istio.io/version", env!("CARGO_PKG_VERSION")),
-        ("istio.io/rev", revision),
+/// The label naming the component an object belongs to.
+pub const COMPONENT_LABEL: &str = "operator.istio.io/component";
+/// The label an object keeps to be left alone by pruning.
+pub const NOT_PRUNED_LABEL: &str = "install.operator.istio.io/owning-resource-not-pruned";
+/// The version in `operator.istio.io/version`.
+pub const OPERATOR_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The labels istioctl puts on everything it installs for `revision`, the component's own
+/// last. Pruning selects on the same labels.
+pub fn owner_labels(component: Option<Component>, revision: &str) -> Vec<(&'static str, String)> {
+    let mut labels = vec![
+        ("operator.istio.io/managed", "Reconcile".to_string()),
+        ("operator.istio.io/version", OPERATOR_VERSION.to_string()),
+        ("istio.io/rev", revision.to_string()),
     ];
+    if let Some(c) = component {
+        labels.push((COMPONENT_LABEL, c.name().to_string()));
+    }
+    labels
+}
+
+/// Puts the owner labels on an object (a chart's own win).
+fn label(object: &mut Value, component: Component, revision: &str) {
     let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) else {
         return;
     };
     let existing = metadata.entry("labels").or_insert_with(|| json!({}));
     if let Some(map) = existing.as_object_mut() {
-        for (key, value) in labels {
-            map.entry(key.to_string())
-                .or_insert_with(|| Value::String(value.to_string()));
+        for (key, value) in owner_labels(Some(component), revision) {
+            map.entry(key.to_string()).or_insert(Value::String(value));
         }
     }
 }

@@ -4,5 +4,5 @@
 pub mod client;
 pub mod leader;
 
-pub use client::{client, ClientError};
+pub use client::{client, client_for_user, ClientError};
 pub use leader::{LeaderElection, LeaderError, LockKind};

@@ -19,10 +19,21 @@
 //! - TokenReview (`authentication.k8s.io/v1`) against registered tokens, with audiences and
 //!   the bound pod checked.
 //!
-//! Known differences: apply patches are merged as JSON merge patches (no managed fields,
-//! no conflicts between field managers), strategic merge patches likewise, and no admission.
+//! - CustomResourceDefinitions are served as objects: a written CRD is checked, becomes
+//!   `Established` shortly after ([`FakeApiServer::set_crd_delay`]) and only then are its
+//!   versions served; deleting it deletes its objects (see `controllers`);
+//! - `/version`, and SelfSubjectAccessReview answered from [`FakeApiServer::deny`].
+//!
+//! Known differences: no managed fields in objects (server-side apply keeps each manager's
+//! configuration aside), strategic merge patches are merged as JSON merge patches, no
+//! admission, no authorization (every request is allowed; only access reviews answer from the
+//! deny list), each served version of a CRD holds its own objects (no conversion), and no
+//! controllers but those of `controllers` (CRDs; rollouts only when
+//! [`FakeApiServer::simulate_rollouts`] is on). Deleting a namespace deletes it at once, with
+//! the objects in it.
 
 mod apply;
+mod controllers;
 mod http;
 mod select;
 mod store;
@@ -121,6 +132,60 @@ pub fn core_types() -> Vec<ResourceType> {
         ResourceType::new("apps", "v1", "deployments", "Deployment", true).with_status(),
         ResourceType::new("apps", "v1", "daemonsets", "DaemonSet", true).with_status(),
         ResourceType::new("coordination.k8s.io", "v1", "leases", "Lease", true),
+        ResourceType::new("", "v1", "resourcequotas", "ResourceQuota", true).with_status(),
+        ResourceType::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterroles",
+            "ClusterRole",
+            false,
+        ),
+        ResourceType::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "clusterrolebindings",
+            "ClusterRoleBinding",
+            false,
+        ),
+        ResourceType::new("rbac.authorization.k8s.io", "v1", "roles", "Role", true),
+        ResourceType::new(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "rolebindings",
+            "RoleBinding",
+            true,
+        ),
+        ResourceType::new(
+            "autoscaling",
+            "v2",
+            "horizontalpodautoscalers",
+            "HorizontalPodAutoscaler",
+            true,
+        )
+        .with_status(),
+        ResourceType::new(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+        )
+        .with_status(),
+        ResourceType::new(
+            "networking.k8s.io",
+            "v1",
+            "networkpolicies",
+            "NetworkPolicy",
+            true,
+        ),
+        ResourceType::new(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            false,
+        )
+        .with_status(),
         ResourceType::new(
             "admissionregistration.k8s.io",
             "v1",
@@ -196,6 +261,14 @@ struct Shared {
     requests: Mutex<Vec<String>>,
     /// When false, every request gets 503 (the API server is down).
     available: std::sync::atomic::AtomicBool,
+    /// How long a written CRD waits before it is Established.
+    crd_delay: Mutex<Duration>,
+    /// Whether Deployments and DaemonSets get the status of a finished rollout.
+    rollouts: Mutex<bool>,
+    /// `major`, `minor` of `/version`.
+    version: Mutex<(u32, u32)>,
+    /// (verb, group, resource) that access reviews deny.
+    denied: Mutex<Vec<(String, String, String)>>,
 }
 
 /// The running fake API server. Stops when dropped.
@@ -231,14 +304,22 @@ impl FakeApiServer {
             bookmark_every: Mutex::new(Duration::from_secs(1)),
             requests: Mutex::default(),
             available: std::sync::atomic::AtomicBool::new(true),
+            crd_delay: Mutex::new(Duration::from_millis(20)),
+            rollouts: Mutex::new(false),
+            version: Mutex::new((1, 33)),
+            denied: Mutex::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let app = http::router(shared.clone());
+        let controllers = controllers::run(shared.clone());
         let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::warn!(error = %e, "fake API server stopped");
-            }
+            let serve = async {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::warn!(error = %e, "fake API server stopped");
+                }
+            };
+            tokio::join!(serve, controllers);
         });
         Ok(FakeApiServer { addr, shared, task })
     }
@@ -338,6 +419,31 @@ impl FakeApiServer {
 
     pub fn set_bookmark_interval(&self, every: Duration) {
         *lock(&self.shared.bookmark_every) = every;
+    }
+
+    /// How long a written CRD waits before it is Established (20 ms unless set).
+    pub fn set_crd_delay(&self, delay: Duration) {
+        *lock(&self.shared.crd_delay) = delay;
+    }
+
+    /// Turns the rollout controller on or off: when on, Deployments and DaemonSets (those
+    /// written before too) get the status of a finished rollout as soon as they are written
+    /// (a DaemonSet on every Node).
+    pub fn simulate_rollouts(&self, on: bool) {
+        *lock(&self.shared.rollouts) = on;
+        if on {
+            controllers::roll_out_all(&self.shared);
+        }
+    }
+
+    /// The Kubernetes version `/version` reports (1.33 unless set).
+    pub fn set_version(&self, major: u32, minor: u32) {
+        *lock(&self.shared.version) = (major, minor);
+    }
+
+    /// Access reviews for `verb` on `resource` of `group` (`""`: core) answer "not allowed".
+    pub fn deny(&self, verb: &str, group: &str, resource: &str) {
+        lock(&self.shared.denied).push((verb.into(), group.into(), resource.into()));
     }
 
     pub fn add_token(&self, token: &str, t: FakeToken) {

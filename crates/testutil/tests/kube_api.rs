@@ -512,3 +512,127 @@ async fn token_reviews_check_audience_and_the_bound_pod() {
         assert!(server.requests().iter().any(|r| r.contains("tokenreviews")));
     }
 }
+
+/// Polls `check` every 100 ms until it holds, for at most `secs` seconds.
+async fn until<F, Fut>(secs: u64, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "{what} after {secs} s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn crds_are_established_then_served_and_take_their_objects_with_them() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{DeleteParams, DynamicObject};
+    use kube::core::GroupVersionKind;
+
+    let t = Target::start("crds").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    let group = format!("{}.conformance.example.com", t.ns);
+    let crd = |name: &str| -> CustomResourceDefinition {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"group": group, "scope": "Namespaced",
+                     "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+                     "versions": [{"name": "v1", "served": true, "storage": true,
+                                   "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                                   "subresources": {"status": {}}}]}}))
+        .expect("crd")
+    };
+    let bad = crds
+        .create(&PostParams::default(), &crd("gadgets.example.com"))
+        .await
+        .expect_err("the name must be <plural>.<group>");
+    assert!(matches!(bad, kube::Error::Api(ref s) if s.code == 422), "{bad}");
+
+    let name = format!("widgets.{group}");
+    crds.create(&PostParams::default(), &crd(&name))
+        .await
+        .expect("create the CRD");
+    until(30, "the CRD is not Established", || async {
+        crds.get(&name).await.is_ok_and(|c| {
+            c.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+    })
+    .await;
+    let gvk = GroupVersionKind::gvk(&group, "v1", "Widget");
+    let (resource, _) = kube::discovery::pinned_kind(&t.client, &gvk)
+        .await
+        .expect("an established CRD is discovered");
+    let widgets: Api<DynamicObject> = Api::namespaced_with(t.client.clone(), &t.ns, &resource);
+    let widget: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{group}/v1"), "kind": "Widget",
+        "metadata": {"name": "w1"}, "spec": {"size": 3}}))
+    .expect("widget");
+    widgets
+        .create(&PostParams::default(), &widget)
+        .await
+        .expect("create a widget");
+    assert_eq!(
+        widgets.list(&ListParams::default()).await.expect("list").items.len(),
+        1
+    );
+
+    let version = t.client.apiserver_version().await.expect("/version");
+    assert_eq!(version.major, "1");
+
+    crds.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the CRD");
+    until(60, "the CRD is still there", || async {
+        crds.get_opt(&name).await.is_ok_and(|c| c.is_none())
+    })
+    .await;
+    until(30, "widgets are still served", || async {
+        matches!(widgets.list(&ListParams::default()).await, Err(kube::Error::Api(ref s)) if s.code == 404)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn access_reviews_answer_for_the_caller() {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+
+    let t = Target::start("reviews").await;
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(t.client.clone());
+    let ask = |resource: &str| SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(t.ns.clone()),
+                verb: Some("create".into()),
+                group: Some("".into()),
+                resource: Some(resource.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let allowed = |r: SelfSubjectAccessReview| r.status.is_some_and(|s| s.allowed);
+    let answer = reviews
+        .create(&PostParams::default(), &ask("configmaps"))
+        .await
+        .expect("review");
+    assert!(allowed(answer), "the conformance user may create config maps");
+    // Only the fake can be told to deny.
+    if let Some(fake) = &t.fake {
+        fake.deny("create", "", "configmaps");
+        let answer = reviews
+            .create(&PostParams::default(), &ask("configmaps"))
+            .await
+            .expect("review");
+        assert!(!allowed(answer), "denied");
+    }
+}

@@ -64,6 +64,21 @@ pub mod codes {
         name: "SchemaWarning",
         level: Level::Warning,
     };
+    pub const INSUFFICIENT_PERMISSIONS: MessageType = MessageType {
+        code: "IST0141",
+        name: "InsufficientPermissions",
+        level: Level::Error,
+    };
+    pub const UNSUPPORTED_KUBERNETES_VERSION: MessageType = MessageType {
+        code: "IST0142",
+        name: "UnsupportedKubernetesVersion",
+        level: Level::Error,
+    };
+    pub const UNSUPPORTED_GATEWAY_API_VERSION: MessageType = MessageType {
+        code: "IST0156",
+        name: "UnsupportedGatewayAPIVersion",
+        level: Level::Error,
+    };
     pub const AMBIENT_POD_WITH_SIDECAR: MessageType = MessageType {
         code: "IST0901",
         name: "AmbientPodWithSidecar",
@@ -90,7 +105,16 @@ impl Origin {
         }
     }
 
-    /// `file:line` (or `file`).
+    /// Something in a live cluster (`Cluster`, or `Kind name`): no file.
+    pub fn live(resource: impl Into<String>) -> Origin {
+        Origin {
+            resource: Some(resource.into()),
+            file: PathBuf::new(),
+            line: None,
+        }
+    }
+
+    /// `file:line` (or `file`; empty for live objects).
     pub fn reference(&self) -> String {
         match self.line {
             Some(line) => format!("{}:{line}", self.file.display()),
@@ -136,9 +160,10 @@ impl fmt::Display for Message {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} [{}]", self.level, self.code)?;
         if let Some(o) = &self.origin {
-            match &o.resource {
-                Some(r) => write!(f, " ({r} {})", o.reference())?,
-                None => write!(f, " ({})", o.reference())?,
+            match (&o.resource, o.reference()) {
+                (Some(r), reference) if reference.is_empty() => write!(f, " ({r})")?,
+                (Some(r), reference) => write!(f, " ({r} {reference})")?,
+                (None, reference) => write!(f, " ({reference})")?,
             }
         }
         write!(f, " {}", self.text)
@@ -170,7 +195,11 @@ impl Message {
             level: self.level.to_string(),
             message: self.text.clone(),
             origin: self.origin.as_ref().and_then(|o| o.resource.clone()),
-            reference: self.origin.as_ref().map(Origin::reference),
+            reference: self
+                .origin
+                .as_ref()
+                .map(Origin::reference)
+                .filter(|r| !r.is_empty()),
         }
     }
 

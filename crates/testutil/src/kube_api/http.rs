@@ -138,6 +138,17 @@ async fn handle(
     if path == "/apis/authentication.k8s.io/v1/tokenreviews" && method == Method::POST {
         return token_review(shared, &body);
     }
+    if path == "/version" && method == Method::GET {
+        let (major, minor) = *lock(&shared.version);
+        return respond(
+            200,
+            &json!({"major": major.to_string(), "minor": minor.to_string(),
+                    "gitVersion": format!("v{major}.{minor}.0"), "platform": "linux/amd64"}),
+        );
+    }
+    if path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" && method == Method::POST {
+        return access_review(shared, &body);
+    }
     if let Some(r) = discovery(shared, path) {
         return r;
     }
@@ -560,6 +571,37 @@ fn discovery(shared: &Shared, path: &str) -> Option<Response> {
         _ => return None,
     };
     Some(respond(200, &body))
+}
+
+/// A SelfSubjectAccessReview: allowed unless [`super::FakeApiServer::deny`] named it.
+fn access_review(shared: &Shared, body: &[u8]) -> Response {
+    let review: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return error(&ApiStatus::new(400, "BadRequest", e.to_string())),
+    };
+    let attrs = &review["spec"]["resourceAttributes"];
+    if !attrs.is_object() {
+        return error(&ApiStatus::new(
+            422,
+            "Invalid",
+            "SelfSubjectAccessReview.authorization.k8s.io is invalid: spec.resourceAttributes: Required value",
+        ));
+    }
+    let field = |f: &str| attrs[f].as_str().unwrap_or_default().to_string();
+    let asked = (field("verb"), field("group"), field("resource"));
+    let denied = lock(&shared.denied).iter().any(|d| {
+        (d.0 == asked.0 || d.0 == "*") && d.1 == asked.1 && (d.2 == asked.2 || d.2 == "*")
+    });
+    let status = if denied {
+        json!({"allowed": false, "denied": true, "reason": "denied by the fake API server's deny list"})
+    } else {
+        json!({"allowed": true, "reason": "the fake API server allows everything not denied"})
+    };
+    respond(
+        201,
+        &json!({"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+                "metadata": {"creationTimestamp": null}, "spec": review["spec"], "status": status}),
+    )
 }
 
 fn token_review(shared: &Shared, body: &[u8]) -> Response {

@@ -192,6 +192,9 @@ impl Store {
     ) -> Result<(Value, WatchEvent), ApiStatus> {
         let rt = self.resource(key)?.clone();
         self.check_namespace(&rt, ns)?;
+        if key == super::controllers::crd_key() {
+            super::controllers::validate_crd(&obj)?;
+        }
         let name = name_of(&obj).ok_or_else(|| {
             ApiStatus::new(
                 422,
@@ -274,6 +277,9 @@ impl Store {
                     rt.plural_qualified()
                 )));
             }
+        }
+        if key == super::controllers::crd_key() && !status_only {
+            super::controllers::validate_crd(&obj)?;
         }
         let next = if status_only {
             let mut next = current.clone();
