@@ -5,6 +5,7 @@
 
 mod analyzers;
 mod index;
+mod live;
 pub mod message;
 
 use std::path::{Path, PathBuf};
@@ -22,9 +23,21 @@ pub const EXIT_ANALYZER_FOUND_ISSUES: u8 = 79;
 /// Flags of `istioctl analyze`.
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {
-    /// Directories (or files) of Kubernetes YAML/JSON to analyze.
-    #[arg(required = true)]
+    /// Directories (or files) of Kubernetes YAML/JSON to analyze (with a cluster, laid over
+    /// its live objects).
     pub paths: Vec<PathBuf>,
+    /// Analyze the live cluster too [default: when --kubeconfig, --context or KUBECONFIG names
+    /// one]; `--use-kube=false` analyzes the files only.
+    #[arg(short = 'k', long, num_args = 0..=1, default_missing_value = "true")]
+    pub use_kube: Option<bool>,
+    #[command(flatten)]
+    pub kube: crate::cluster::KubeArgs,
+    /// With a cluster, the namespace whose messages are shown.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    /// With a cluster, show the messages of every namespace.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
     /// Output format: log (text), json or yaml.
     #[arg(long, short = 'o', value_enum, default_value = "log")]
     pub output: Format,
@@ -56,6 +69,10 @@ pub enum AnalyzeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("pass directories or files of manifests to analyze, or a cluster (--kubeconfig, --context or KUBECONFIG)")]
+    NothingToAnalyze,
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
     #[error("cannot print the messages as {format}: {message}")]
     Print {
         format: &'static str,
@@ -68,6 +85,8 @@ impl AnalyzeError {
     pub fn reason(&self) -> &'static str {
         match self {
             AnalyzeError::Path { .. } => "path",
+            AnalyzeError::NothingToAnalyze => "nothing_to_analyze",
+            AnalyzeError::Cluster(_) => "cluster",
             AnalyzeError::Print { .. } => "print",
         }
     }
@@ -113,8 +132,43 @@ fn loader_message(err: &SourceError) -> Option<Message> {
     Some(kind.message(Some(origin), format!("{text}: {}", err.problem)))
 }
 
+impl AnalyzeArgs {
+    /// Whether the live cluster is analyzed.
+    pub fn uses_cluster(&self) -> bool {
+        self.use_kube.unwrap_or_else(|| self.kube.given())
+    }
+}
+
 /// Runs the command: prints messages, returns 79 when text output found issues.
-pub fn run(args: &AnalyzeArgs) -> Result<ExitCode, AnalyzeError> {
+pub async fn run(args: &AnalyzeArgs) -> Result<ExitCode, AnalyzeError> {
+    let files = args
+        .paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if args.uses_cluster() {
+        let mut cluster = args.kube.cluster().await?;
+        let workspace = live::prepare(&mut cluster, &args.paths).await?;
+        let mut all = analyze(workspace.root(), &args.istio_namespace);
+        workspace.relocate(&mut all);
+        if !args.all_namespaces {
+            all.retain(|m| live::message_namespace(m).is_none_or(|ns| ns == args.namespace));
+        }
+        all.sort_by_key(Message::sort_key);
+        let mut targets = if args.all_namespaces {
+            "all namespaces".to_string()
+        } else {
+            format!("namespace: {}", args.namespace)
+        };
+        if !files.is_empty() {
+            targets.push_str(&format!(" with {files}"));
+        }
+        return report(args, &all, &targets);
+    }
+    if args.paths.is_empty() {
+        return Err(AnalyzeError::NothingToAnalyze);
+    }
     let mut all = Vec::new();
     for path in &args.paths {
         std::fs::metadata(path).map_err(|source| AnalyzeError::Path {
@@ -123,16 +177,15 @@ pub fn run(args: &AnalyzeArgs) -> Result<ExitCode, AnalyzeError> {
         })?;
         all.extend(analyze(path, &args.istio_namespace));
     }
+    report(args, &all, &files)
+}
+
+/// Prints the messages as the flags ask and says how the command ends.
+fn report(args: &AnalyzeArgs, all: &[Message], targets: &str) -> Result<ExitCode, AnalyzeError> {
     let shown: Vec<&Message> = all
         .iter()
         .filter(|m| m.level <= args.output_threshold)
         .collect();
-    let targets = args
-        .paths
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
     match args.output {
         Format::Log => {
             for m in &shown {

@@ -34,6 +34,8 @@ pub enum ClusterError {
         api_version: String,
         kind: String,
     },
+    #[error("{0}")]
+    NoPod(String),
     #[error("{id} has no apiVersion, kind or metadata.name")]
     NotAnObject { id: String },
     #[error("{action} {id}: {source}")]
@@ -46,6 +48,13 @@ pub enum ClusterError {
 }
 
 impl KubeArgs {
+    /// Whether a cluster was named: `--kubeconfig`, `--context`, or `KUBECONFIG` set.
+    pub fn given(&self) -> bool {
+        self.kubeconfig.is_some()
+            || self.context.is_some()
+            || std::env::var_os("KUBECONFIG").is_some_and(|k| !k.is_empty())
+    }
+
     /// Connects (lazily: nothing is sent yet).
     pub async fn cluster(&self) -> Result<Cluster, ClusterError> {
         let client =
@@ -187,6 +196,27 @@ impl Cluster {
         Ok(())
     }
 
+    /// A JSON merge patch of an existing object.
+    pub async fn merge_patch(
+        &mut self,
+        api_version: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+    ) -> Result<(), ClusterError> {
+        let id = object_id(kind, namespace, name);
+        let (api, _) = self.api(api_version, kind, namespace, &id).await?;
+        api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .map_err(|source| ClusterError::Api {
+                action: "patch",
+                id,
+                source,
+            })?;
+        Ok(())
+    }
+
     /// The object, or `None` when it does not exist (or its kind is not served).
     pub async fn get(
         &mut self,
@@ -231,7 +261,17 @@ impl Cluster {
                 id,
                 source,
             })?;
-        Ok(list.items.into_iter().map(to_value).collect())
+        // Lists of built-in kinds leave each item's apiVersion and kind out.
+        Ok(list
+            .items
+            .into_iter()
+            .map(|o| {
+                let mut v = to_value(o);
+                v["apiVersion"] = Value::String(api_version.to_string());
+                v["kind"] = Value::String(kind.to_string());
+                v
+            })
+            .collect())
     }
 
     /// Deletes with foreground propagation; false when it was already gone.
@@ -285,6 +325,58 @@ impl Cluster {
                 source,
             }),
         }
+    }
+}
+
+/// `(namespace, name)` of a pod as istioctl names one: `[pod/]<name>[.<namespace>]`.
+pub fn pod_ref(arg: &str, default_namespace: &str) -> (String, String) {
+    let name = arg.strip_prefix("pod/").unwrap_or(arg);
+    match name.split_once('.') {
+        Some((name, namespace)) if !namespace.is_empty() => {
+            (namespace.to_string(), name.to_string())
+        }
+        _ => (default_namespace.to_string(), name.to_string()),
+    }
+}
+
+impl Cluster {
+    /// The ztunnel pod to ask: `pod` when given; else the running one on `node`, else the
+    /// first running one (by name) of the `app=ztunnel` pods in `istio_namespace`.
+    pub async fn ztunnel_pod(
+        &mut self,
+        pod: Option<&str>,
+        istio_namespace: &str,
+        node: Option<&str>,
+    ) -> Result<(String, String), ClusterError> {
+        if let Some(pod) = pod {
+            return Ok(pod_ref(pod, istio_namespace));
+        }
+        let mut pods: Vec<Value> = self
+            .list("v1", "Pod", "app=ztunnel")
+            .await?
+            .into_iter()
+            .filter(|p| p["metadata"]["namespace"] == istio_namespace)
+            .filter(|p| p["status"]["phase"] == "Running")
+            .filter(|p| node.is_none_or(|n| p["spec"]["nodeName"] == n))
+            .collect();
+        pods.sort_by_key(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        });
+        let name = pods
+            .first()
+            .and_then(|p| p["metadata"]["name"].as_str())
+            .ok_or_else(|| {
+                ClusterError::NoPod(match node {
+                    Some(n) => format!(
+                        "no running ztunnel pod (app=ztunnel) in {istio_namespace} on node {n}"
+                    ),
+                    None => format!("no running ztunnel pod (app=ztunnel) in {istio_namespace}"),
+                })
+            })?;
+        Ok((istio_namespace.to_string(), name.to_string()))
     }
 }
 

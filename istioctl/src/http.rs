@@ -28,6 +28,8 @@ pub enum HttpError {
         addr: String,
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    #[error("cannot port-forward to {target}: {detail}")]
+    PortForward { target: String, detail: String },
     #[error("{addr} answered with something that is not HTTP; is it the admin port?")]
     NotHttp { addr: String },
     #[error("the answer of {addr}{path} is larger than {} MiB", MAX_BODY >> 20)]
@@ -50,6 +52,7 @@ impl HttpError {
             HttpError::Timeout { .. } => "timeout",
             HttpError::Exchange { .. } => "exchange",
             HttpError::NotHttp { .. } => "not_http",
+            HttpError::PortForward { .. } => "port_forward",
             HttpError::TooLarge { .. } => "too_large",
             HttpError::Status { .. } => "status",
         }
@@ -93,6 +96,57 @@ pub async fn get(url: &str, path: &str) -> Result<Vec<u8>, HttpError> {
     }
 }
 
+/// GETs `path` from `port` of a pod through the API server's port-forward, as Istio's istioctl
+/// reaches admin ports, and returns the body of a 200 answer.
+pub async fn get_from_pod(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+    port: u16,
+    path: &str,
+) -> Result<Vec<u8>, HttpError> {
+    let target = format!("pod {namespace}/{pod} port {port}");
+    let forwarded = async {
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(client.clone(), namespace);
+        let mut forwarder =
+            pods.portforward(pod, &[port])
+                .await
+                .map_err(|e| HttpError::PortForward {
+                    target: target.clone(),
+                    detail: e.to_string(),
+                })?;
+        let stream = forwarder
+            .take_stream(port)
+            .ok_or_else(|| HttpError::PortForward {
+                target: target.clone(),
+                detail: "no stream for the port".into(),
+            })?;
+        let refused = forwarder.take_error(port);
+        let answer = exchange(stream, &target, &format!("localhost:{port}"), path).await;
+        if answer.is_err() {
+            // The kubelet says on the error channel why the pod's port could not be reached.
+            if let Some(refused) = refused {
+                if let Ok(Some(detail)) =
+                    tokio::time::timeout(Duration::from_millis(200), refused).await
+                {
+                    forwarder.abort();
+                    return Err(HttpError::PortForward {
+                        target: target.clone(),
+                        detail,
+                    });
+                }
+            }
+        }
+        forwarder.abort();
+        answer
+    };
+    match tokio::time::timeout(TIMEOUT, forwarded).await {
+        Ok(result) => result,
+        Err(_) => Err(HttpError::Timeout { addr: target }),
+    }
+}
+
 async fn fetch(addr: &str, path: &str) -> Result<Vec<u8>, HttpError> {
     let stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -100,6 +154,14 @@ async fn fetch(addr: &str, path: &str) -> Result<Vec<u8>, HttpError> {
             addr: addr.to_string(),
             source,
         })?;
+    exchange(stream, addr, addr, path).await
+}
+
+/// One GET over `stream`; `addr` names the peer in errors, `host` is the Host header.
+async fn exchange<S>(stream: S, addr: &str, host: &str, path: &str) -> Result<Vec<u8>, HttpError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     // A head that does not parse, or a server that closes before answering, is not an HTTP
     // server; a head too large is one that answered something we will not read.
     let failed = |source: hyper::Error| {
@@ -118,7 +180,7 @@ async fn fetch(addr: &str, path: &str) -> Result<Vec<u8>, HttpError> {
         .map_err(failed)?;
     let connection = tokio::spawn(connection);
     let request = Request::get(path)
-        .header(header::HOST, addr)
+        .header(header::HOST, host)
         .header(header::ACCEPT, "*/*")
         .body(Empty::<Bytes>::new())
         .map_err(|_| HttpError::BadUrl {

@@ -35,7 +35,7 @@ enum Command {
         #[command(subcommand)]
         command: proxy_config::ProxyConfig,
     },
-    /// Manage waypoints (in the local mode's objects directory).
+    /// Manage waypoints (in a cluster, or the local mode's objects directory).
     Waypoint {
         #[command(subcommand)]
         command: waypoint::WaypointCommand,
@@ -51,7 +51,8 @@ enum Command {
     Install(install::InstallArgs),
     /// Remove the mesh (a revision's control plane, or everything with --purge) from a cluster.
     Uninstall(uninstall::UninstallArgs),
-    /// Analyze a directory of Kubernetes/Istio YAML and print validation messages.
+    /// Analyze a cluster's live objects and/or directories of Kubernetes/Istio YAML and print
+    /// validation messages.
     Analyze(analyze::AnalyzeArgs),
     /// Experimental commands.
     #[command(name = "x", alias = "experimental")]
@@ -94,7 +95,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             proxy_config::run(command).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Analyze(args) => Ok(analyze::run(&args)?),
+        Command::Analyze(args) => Ok(analyze::run(&args).await?),
         Command::Install(args) => Ok(install::run(&args).await?),
         Command::Uninstall(args) => Ok(uninstall::run(&args).await?),
         Command::Manifest { command } => {
@@ -108,10 +109,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Waypoint { command } => {
             let out = match command {
                 waypoint::WaypointCommand::Generate(a) => waypoint::gateway_yaml(&a)?,
-                waypoint::WaypointCommand::Apply(a) => waypoint::apply(&a)?,
-                waypoint::WaypointCommand::List(a) => waypoint::list(&a),
-                waypoint::WaypointCommand::Delete(a) => waypoint::delete(&a)?,
-                waypoint::WaypointCommand::Status(a) => waypoint::status(&a)?,
+                waypoint::WaypointCommand::Apply(a) => waypoint::apply(&a).await?,
+                waypoint::WaypointCommand::List(a) => waypoint::list(&a).await?,
+                waypoint::WaypointCommand::Delete(a) => waypoint::delete(&a).await?,
+                waypoint::WaypointCommand::Status(a) => waypoint::status(&a).await?,
             };
             print!("{out}");
             Ok(ExitCode::SUCCESS)

@@ -77,9 +77,7 @@ impl Check {
 impl PrecheckArgs {
     /// Whether to check a cluster rather than this host.
     pub fn cluster_mode(&self) -> bool {
-        self.kube.kubeconfig.is_some()
-            || self.kube.context.is_some()
-            || std::env::var_os("KUBECONFIG").is_some_and(|k| !k.is_empty())
+        self.kube.given()
     }
 }
 

@@ -1,8 +1,9 @@
 //! `istioctl proxy-config listener|cluster|route|endpoint|secret|all`: an Envoy's
 //! `/config_dump?include_eds` in upstream istioctl's table shapes, or the raw sections with
-//! `-o json|yaml`. Without Kubernetes there is no port-forward: the admin address is a flag
-//! (`--proxy-admin`, Envoy listens on localhost:15000 in the proxy's network namespace), or a
-//! saved dump is read (`-f`).
+//! `-o json|yaml`. Given a pod (`istioctl proxy-config listeners <pod>[.<ns>]`), its Envoy admin
+//! port 15000 is reached by port-forward through the API server, as Istio's istioctl does; in
+//! the local mode the admin address is a flag (`--proxy-admin`, Envoy listens on
+//! localhost:15000 in the proxy's network namespace); or a saved dump is read (`-f`).
 
 mod tables;
 
@@ -38,6 +39,15 @@ pub enum ProxyConfig {
 /// Flags shared by every `proxy-config` command.
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
+    /// In a cluster, the proxy's pod (`[pod/]<name>[.<namespace>]`), whose Envoy admin port
+    /// 15000 is reached by port-forward through the API server.
+    #[arg(value_name = "POD")]
+    pub pod: Option<String>,
+    /// The namespace of the pod when its name does not say.
+    #[arg(short = 'n', long, default_value = "default")]
+    pub namespace: String,
+    #[command(flatten)]
+    pub kube: crate::cluster::KubeArgs,
     /// Envoy's admin address.
     #[arg(long, env = "PROXY_ADMIN", default_value = "http://localhost:15000")]
     pub proxy_admin: String,
@@ -59,6 +69,8 @@ pub enum ProxyConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
     #[error("the config dump is not Envoy's JSON (`configs` list): {0}")]
     NotADump(String),
     #[error("cannot print {format}: {message}")]
@@ -73,6 +85,7 @@ impl ProxyConfigError {
         match self {
             ProxyConfigError::Fetch(e) => e.reason(),
             ProxyConfigError::File { .. } => "file",
+            ProxyConfigError::Cluster(_) => "cluster",
             ProxyConfigError::NotADump(_) => "not_a_dump",
             ProxyConfigError::Print { .. } => "print",
         }
@@ -148,6 +161,19 @@ pub async fn run(cmd: ProxyConfig) -> Result<(), ProxyConfigError> {
     let (section, args) = cmd.parts();
     let bytes = match &args.config_dump {
         Some(path) => read_file(path)?,
+        None if args.pod.is_some() => {
+            let pod = args.pod.as_deref().unwrap_or_default();
+            let (namespace, pod) = crate::cluster::pod_ref(pod, &args.namespace);
+            let cluster = args.kube.cluster().await?;
+            crate::http::get_from_pod(
+                cluster.client(),
+                &namespace,
+                &pod,
+                15000,
+                "/config_dump?include_eds",
+            )
+            .await?
+        }
         None => crate::http::get(&args.proxy_admin, "/config_dump?include_eds").await?,
     };
     let dump = EnvoyDump::parse(&bytes)?;

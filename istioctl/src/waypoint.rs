@@ -1,5 +1,7 @@
-//! `istioctl waypoint generate|apply|list|delete`, against the local mode's objects directory
-//! (the directory istiod watches, `--config-dir` / `ISTIOD_CONFIG_DIR`).
+//! `istioctl waypoint generate|apply|list|delete|status`, against a cluster (as Istio's
+//! istioctl: the Gateway is server-side applied by `istioctl`, the namespace labelled with a
+//! merge patch) or, given `--config-dir` / `ISTIOD_CONFIG_DIR`, the local mode's objects
+//! directory (the directory istiod watches).
 //!
 //! `generate` prints the Gateway as Istio's istioctl does (class `istio-waypoint`, listener
 //! `mesh` on 15008/HBONE, `istio.io/waypoint-for` from `--for`); `apply` writes it to
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use mesh_api::{label, Gateway, Object, WAYPOINT_CLASS};
 
+use crate::cluster::Cluster;
 use crate::table;
 
 #[derive(Debug, clap::Subcommand)]
@@ -59,8 +62,18 @@ pub struct ApplyArgs {
     pub wait: bool,
     #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    #[command(flatten)]
+    pub place: Place,
+}
+
+/// Where the waypoints live: the local mode's objects directory, else a cluster.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Place {
+    /// The local mode's objects directory [default: the cluster of the kubeconfig].
     #[arg(long, env = "ISTIOD_CONFIG_DIR")]
-    pub config_dir: PathBuf,
+    pub config_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub kube: crate::cluster::KubeArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -69,8 +82,8 @@ pub struct ListArgs {
     pub namespace: String,
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
-    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
-    pub config_dir: PathBuf,
+    #[command(flatten)]
+    pub place: Place,
 }
 
 #[derive(Debug, clap::Args)]
@@ -86,8 +99,8 @@ pub struct StatusArgs {
     /// How long to wait.
     #[arg(long, default_value = "90s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
-    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
-    pub config_dir: PathBuf,
+    #[command(flatten)]
+    pub place: Place,
 }
 
 #[derive(Debug, clap::Args)]
@@ -97,8 +110,8 @@ pub struct DeleteArgs {
     pub namespace: String,
     #[arg(long)]
     pub all: bool,
-    #[arg(long, env = "ISTIOD_CONFIG_DIR")]
-    pub config_dir: PathBuf,
+    #[command(flatten)]
+    pub place: Place,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +155,12 @@ pub enum WaypointError {
     },
     #[error("cannot encode {what}: {detail}")]
     Encode { what: String, detail: String },
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
+    #[error("namespace {0} does not exist")]
+    NoNamespace(String),
+    #[error("cannot read Gateway {what}: {detail}")]
+    BadGateway { what: String, detail: String },
 }
 
 impl WaypointError {
@@ -157,6 +176,9 @@ impl WaypointError {
             WaypointError::NothingToDelete => "nothing_to_delete",
             WaypointError::Io { .. } => "io",
             WaypointError::Encode { .. } => "encode",
+            WaypointError::Cluster(_) => "cluster",
+            WaypointError::NoNamespace(_) => "no_namespace",
+            WaypointError::BadGateway { .. } => "bad_gateway",
         }
     }
 }
@@ -212,20 +234,97 @@ fn write_atomic(path: &Path, text: &str) -> Result<(), WaypointError> {
     std::fs::rename(&tmp, path).map_err(io)
 }
 
-pub fn apply(args: &ApplyArgs) -> Result<String, WaypointError> {
+/// Where a command reads and writes waypoints.
+enum Backend {
+    Dir(PathBuf),
+    Cluster(Box<Cluster>),
+}
+
+impl Place {
+    async fn open(&self) -> Result<Backend, WaypointError> {
+        Ok(match &self.config_dir {
+            Some(dir) => Backend::Dir(dir.clone()),
+            None => Backend::Cluster(Box::new(self.kube.cluster().await?)),
+        })
+    }
+}
+
+const GATEWAY_API: &str = "gateway.networking.k8s.io/v1";
+/// The field manager of istioctl's writes to a cluster.
+const FIELD_MANAGER: &str = "istioctl";
+
+impl Backend {
+    /// Every waypoint Gateway, with the file it is defined in (none in a cluster).
+    async fn waypoints(&mut self) -> Result<Vec<(Option<PathBuf>, Gateway)>, WaypointError> {
+        match self {
+            Backend::Dir(dir) => Ok(waypoints(dir)
+                .into_iter()
+                .map(|(path, g)| (Some(path), g))
+                .collect()),
+            Backend::Cluster(cluster) => cluster
+                .list(GATEWAY_API, "Gateway", "")
+                .await?
+                .into_iter()
+                .filter(|g| g["spec"]["gatewayClassName"] == WAYPOINT_CLASS)
+                .map(|g| {
+                    let what = format!(
+                        "{}/{}",
+                        g["metadata"]["namespace"].as_str().unwrap_or_default(),
+                        g["metadata"]["name"].as_str().unwrap_or_default()
+                    );
+                    serde_json::from_value::<Gateway>(g)
+                        .map(|g| (None, g))
+                        .map_err(|e| WaypointError::BadGateway {
+                            what,
+                            detail: e.to_string(),
+                        })
+                })
+                .collect(),
+        }
+    }
+
+    /// The waypoints of `namespace` (and `name`, if given).
+    async fn selected(
+        &mut self,
+        namespace: &str,
+        name: Option<&str>,
+    ) -> Result<Vec<Gateway>, WaypointError> {
+        Ok(self
+            .waypoints()
+            .await?
+            .into_iter()
+            .map(|(_, g)| g)
+            .filter(|g| g.metadata.namespace.as_deref().unwrap_or("default") == namespace)
+            .filter(|g| name.is_none() || g.metadata.name.as_deref() == name)
+            .collect())
+    }
+}
+
+pub async fn apply(args: &ApplyArgs) -> Result<String, WaypointError> {
     let g = &args.gateway;
     let yaml = gateway_yaml(g)?;
+    let mut backend = args.place.open().await?;
     let mut out = String::new();
     if args.enroll_namespace {
-        out.push_str(&enroll(args)?);
+        out.push_str(&match &mut backend {
+            Backend::Dir(dir) => enroll(args, dir)?,
+            Backend::Cluster(cluster) => enroll_in_cluster(args, cluster).await?,
+        });
     }
-    write_atomic(
-        &args.config_dir.join(file_name(&g.namespace, &g.name)),
-        &yaml,
-    )?;
+    match &mut backend {
+        Backend::Dir(dir) => write_atomic(&dir.join(file_name(&g.namespace, &g.name)), &yaml)?,
+        Backend::Cluster(cluster) => {
+            let value: serde_json::Value =
+                serde_yaml::from_str(&yaml).map_err(|e| WaypointError::Encode {
+                    what: "the Gateway".into(),
+                    detail: e.to_string(),
+                })?;
+            cluster.apply(&value, &g.namespace, FIELD_MANAGER).await?;
+        }
+    }
     out.push_str(&format!("waypoint {}/{} applied\n", g.namespace, g.name));
     if args.wait {
-        wait_programmed(&args.config_dir, &g.namespace, &g.name, args.timeout)?;
+        wait_programmed(&mut backend, &g.namespace, &g.name, args.timeout).await?;
         out.push_str(&format!(
             "waypoint {}/{} is programmed\n",
             g.namespace, g.name
@@ -243,20 +342,17 @@ fn programmed(g: &Gateway) -> Option<(String, String, String)> {
     Some((c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Polls the directory every second until `namespace/name` is `Programmed=True`.
-fn wait_programmed(
-    dir: &Path,
+/// Reads the waypoint every second until `namespace/name` is `Programmed=True`.
+async fn wait_programmed(
+    backend: &mut Backend,
     namespace: &str,
     name: &str,
     timeout: Duration,
 ) -> Result<(), WaypointError> {
     let start = Instant::now();
     loop {
-        let found = waypoints(dir).into_iter().find(|(_, g)| {
-            g.metadata.namespace.as_deref().unwrap_or("default") == namespace
-                && g.metadata.name.as_deref() == Some(name)
-        });
-        let why = match found.as_ref().map(|(_, g)| programmed(g)) {
+        let found = backend.selected(namespace, Some(name)).await?;
+        let why = match found.first().map(programmed) {
             None => "the Gateway does not exist".to_string(),
             Some(None) => "no status yet".to_string(),
             Some(Some((status, _, _))) if status == "True" => return Ok(()),
@@ -270,22 +366,17 @@ fn wait_programmed(
                 why,
             });
         }
-        std::thread::sleep(Duration::from_secs(1).min(timeout));
+        tokio::time::sleep(Duration::from_secs(1).min(timeout)).await;
     }
 }
 
 /// `NAME STATUS TYPE REASON MESSAGE` for the waypoints of a namespace (or one), after waiting
 /// for them to be programmed when asked.
-pub fn status(args: &StatusArgs) -> Result<String, WaypointError> {
-    let selected = |dir: &Path| -> Vec<Gateway> {
-        waypoints(dir)
-            .into_iter()
-            .map(|(_, g)| g)
-            .filter(|g| g.metadata.namespace.as_deref().unwrap_or("default") == args.namespace)
-            .filter(|g| args.name.is_none() || g.metadata.name == args.name)
-            .collect()
-    };
-    let found = selected(&args.config_dir);
+pub async fn status(args: &StatusArgs) -> Result<String, WaypointError> {
+    let mut backend = args.place.open().await?;
+    let found = backend
+        .selected(&args.namespace, args.name.as_deref())
+        .await?;
     if found.is_empty() {
         return Err(WaypointError::NotFound {
             namespace: args.namespace.clone(),
@@ -295,10 +386,12 @@ pub fn status(args: &StatusArgs) -> Result<String, WaypointError> {
     if args.wait {
         for g in &found {
             let name = g.metadata.name.clone().unwrap_or_default();
-            wait_programmed(&args.config_dir, &args.namespace, &name, args.timeout)?;
+            wait_programmed(&mut backend, &args.namespace, &name, args.timeout).await?;
         }
     }
-    let rows: Vec<Vec<String>> = selected(&args.config_dir)
+    let rows: Vec<Vec<String>> = backend
+        .selected(&args.namespace, args.name.as_deref())
+        .await?
         .iter()
         .map(|g| {
             let (status, reason, message) = programmed(g)
@@ -319,17 +412,74 @@ pub fn status(args: &StatusArgs) -> Result<String, WaypointError> {
     ))
 }
 
-/// Labels the namespace `istio.io/use-waypoint=<name>`, writing its file back.
-fn enroll(args: &ApplyArgs) -> Result<String, WaypointError> {
+/// The label checks enrolling makes: an existing different waypoint needs `--overwrite`; a
+/// namespace outside ambient gets a warning.
+fn enroll_checks(
+    args: &ApplyArgs,
+    labels: &BTreeMap<String, String>,
+) -> Result<String, WaypointError> {
     let g = &args.gateway;
-    let (objects, _) = mesh_source::load_directory(&args.config_dir);
+    if let Some(current) = labels.get(label::USE_WAYPOINT) {
+        if current != &g.name && !args.overwrite {
+            return Err(WaypointError::LabelExists {
+                namespace: g.namespace.clone(),
+                current: current.clone(),
+            });
+        }
+    }
+    let mut note = String::new();
+    if labels.get(label::DATAPLANE_MODE).map(String::as_str) != Some(label::DATAPLANE_MODE_AMBIENT)
+    {
+        note.push_str(&format!(
+            "warning: namespace {} is not enrolled in ambient (label {}={}); its pods' traffic does not reach the waypoint until it is\n",
+            g.namespace,
+            label::DATAPLANE_MODE,
+            label::DATAPLANE_MODE_AMBIENT
+        ));
+    }
+    Ok(note)
+}
+
+fn labeled(args: &ApplyArgs) -> String {
+    format!(
+        "namespace {} labeled with \"{}: {}\"\n",
+        args.gateway.namespace,
+        label::USE_WAYPOINT,
+        args.gateway.name
+    )
+}
+
+/// Labels the cluster's namespace `istio.io/use-waypoint=<name>` (a merge patch).
+async fn enroll_in_cluster(
+    args: &ApplyArgs,
+    cluster: &mut Cluster,
+) -> Result<String, WaypointError> {
+    let g = &args.gateway;
+    let ns = cluster
+        .get("v1", "Namespace", "", &g.namespace)
+        .await?
+        .ok_or_else(|| WaypointError::NoNamespace(g.namespace.clone()))?;
+    let labels: BTreeMap<String, String> =
+        serde_json::from_value(ns["metadata"]["labels"].clone()).unwrap_or_default();
+    let mut note = enroll_checks(args, &labels)?;
+    let patch = serde_json::json!({"metadata": {"labels": {label::USE_WAYPOINT: g.name}}});
+    cluster
+        .merge_patch("v1", "Namespace", "", &g.namespace, &patch)
+        .await?;
+    note.push_str(&labeled(args));
+    Ok(note)
+}
+
+/// Labels the namespace `istio.io/use-waypoint=<name>`, writing its file back.
+fn enroll(args: &ApplyArgs, dir: &Path) -> Result<String, WaypointError> {
+    let g = &args.gateway;
+    let (objects, _) = mesh_source::load_directory(dir);
     let found = objects.iter().find_map(|(path, o)| match &**o {
         Object::Namespace(ns) if ns.metadata.name.as_deref() == Some(g.namespace.as_str()) => {
             Some((path.clone(), (**ns).clone()))
         }
         _ => None,
     });
-    let mut note = String::new();
     let (path, mut ns) = match found {
         Some((path, ns)) => {
             let shared = objects.iter().filter(|(p, _)| *p == path).count() > 1;
@@ -345,31 +495,11 @@ fn enroll(args: &ApplyArgs) -> Result<String, WaypointError> {
         None => {
             let mut ns = mesh_api::Namespace::default();
             ns.metadata.name = Some(g.namespace.clone());
-            (
-                args.config_dir
-                    .join(format!("namespace-{}.yaml", g.namespace)),
-                ns,
-            )
+            (dir.join(format!("namespace-{}.yaml", g.namespace)), ns)
         }
     };
     let labels = ns.metadata.labels.get_or_insert_with(BTreeMap::new);
-    if let Some(current) = labels.get(label::USE_WAYPOINT) {
-        if current != &g.name && !args.overwrite {
-            return Err(WaypointError::LabelExists {
-                namespace: g.namespace.clone(),
-                current: current.clone(),
-            });
-        }
-    }
-    if labels.get(label::DATAPLANE_MODE).map(String::as_str) != Some(label::DATAPLANE_MODE_AMBIENT)
-    {
-        note.push_str(&format!(
-            "warning: namespace {} is not enrolled in ambient (label {}={}); its pods' traffic does not reach the waypoint until it is\n",
-            g.namespace,
-            label::DATAPLANE_MODE,
-            label::DATAPLANE_MODE_AMBIENT
-        ));
-    }
+    let mut note = enroll_checks(args, labels)?;
     labels.insert(label::USE_WAYPOINT.to_string(), g.name.clone());
     let mut value = serde_json::to_value(&ns).map_err(|e| WaypointError::Encode {
         what: format!("namespace {}", g.namespace),
@@ -382,12 +512,7 @@ fn enroll(args: &ApplyArgs) -> Result<String, WaypointError> {
         detail: e.to_string(),
     })?;
     write_atomic(&path, &yaml)?;
-    note.push_str(&format!(
-        "namespace {} labeled with \"{}: {}\"\n",
-        g.namespace,
-        label::USE_WAYPOINT,
-        g.name
-    ));
+    note.push_str(&labeled(args));
     Ok(note)
 }
 
@@ -404,9 +529,10 @@ fn waypoints(dir: &Path) -> Vec<(PathBuf, Gateway)> {
         .collect()
 }
 
-pub fn list(args: &ListArgs) -> String {
+pub async fn list(args: &ListArgs) -> Result<String, WaypointError> {
+    let mut backend = args.place.open().await?;
     let mut rows = Vec::new();
-    for (_, g) in waypoints(&args.config_dir) {
+    for (_, g) in backend.waypoints().await? {
         let ns = g
             .metadata
             .namespace
@@ -439,11 +565,11 @@ pub fn list(args: &ListArgs) -> String {
         rows.push(row);
     }
     if rows.is_empty() {
-        return if args.all_namespaces {
+        return Ok(if args.all_namespaces {
             "No waypoints found.\n".to_string()
         } else {
             format!("No waypoints found in namespace {}.\n", args.namespace)
-        };
+        });
     }
     let header: &[&str] = if args.all_namespaces {
         &[
@@ -456,11 +582,14 @@ pub fn list(args: &ListArgs) -> String {
     } else {
         &["NAME", "REVISION", "TRAFFIC TYPE", "PROGRAMMED"]
     };
-    table::render(header, &rows, 1)
+    Ok(table::render(header, &rows, 1))
 }
 
-pub fn delete(args: &DeleteArgs) -> Result<String, WaypointError> {
-    let found: Vec<(PathBuf, Gateway)> = waypoints(&args.config_dir)
+pub async fn delete(args: &DeleteArgs) -> Result<String, WaypointError> {
+    let mut backend = args.place.open().await?;
+    let found: Vec<(Option<PathBuf>, Gateway)> = backend
+        .waypoints()
+        .await?
         .into_iter()
         .filter(|(_, g)| g.metadata.namespace.as_deref().unwrap_or("default") == args.namespace)
         .collect();
@@ -485,19 +614,29 @@ pub fn delete(args: &DeleteArgs) -> Result<String, WaypointError> {
                 name,
             });
         };
-        if path.file_name().and_then(|f| f.to_str())
-            != Some(file_name(&args.namespace, &name).as_str())
-        {
-            return Err(WaypointError::NotOurs {
-                namespace: args.namespace.clone(),
-                name,
-                file: path.display().to_string(),
-            });
+        match (&mut backend, path) {
+            (Backend::Dir(_), Some(path)) => {
+                if path.file_name().and_then(|f| f.to_str())
+                    != Some(file_name(&args.namespace, &name).as_str())
+                {
+                    return Err(WaypointError::NotOurs {
+                        namespace: args.namespace.clone(),
+                        name,
+                        file: path.display().to_string(),
+                    });
+                }
+                std::fs::remove_file(path).map_err(|source| WaypointError::Io {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+            }
+            (Backend::Cluster(cluster), _) => {
+                cluster
+                    .delete(GATEWAY_API, "Gateway", &args.namespace, &name)
+                    .await?;
+            }
+            (Backend::Dir(_), None) => {}
         }
-        std::fs::remove_file(path).map_err(|source| WaypointError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
         out.push_str(&format!("waypoint {}/{name} deleted\n", args.namespace));
     }
     Ok(out)
@@ -536,8 +675,15 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn apply_enroll_list_delete_in_a_directory() {
+    fn place(dir: &Path) -> Place {
+        Place {
+            config_dir: Some(dir.to_path_buf()),
+            kube: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn apply_enroll_list_delete_in_a_directory() {
         let dir = tempfile::tempdir().expect("dir");
         std::fs::write(
             dir.path().join("ns.yaml"),
@@ -550,9 +696,9 @@ mod tests {
             overwrite,
             wait: false,
             timeout: Duration::from_secs(1),
-            config_dir: dir.path().to_path_buf(),
+            place: place(dir.path()),
         };
-        let out = apply(&apply_args(false, "waypoint")).expect("apply");
+        let out = apply(&apply_args(false, "waypoint")).await.expect("apply");
         assert!(out.contains("labeled") && !out.contains("warning"), "{out}");
         let ns = std::fs::read_to_string(dir.path().join("ns.yaml")).expect("ns");
         assert!(
@@ -567,29 +713,34 @@ mod tests {
         let listing = list(&ListArgs {
             namespace: "shop".into(),
             all_namespaces: false,
-            config_dir: dir.path().to_path_buf(),
-        });
+            place: place(dir.path()),
+        })
+        .await
+        .expect("list");
         assert_eq!(
             listing,
             "NAME     REVISION TRAFFIC TYPE PROGRAMMED\nwaypoint default  service      False\n"
         );
         // A second waypoint needs --overwrite to take over the namespace.
-        let err = apply(&apply_args(false, "other")).expect_err("label exists");
+        let err = apply(&apply_args(false, "other"))
+            .await
+            .expect_err("label exists");
         assert_eq!(err.reason(), "label_exists");
-        apply(&apply_args(true, "other")).expect("overwrite");
+        apply(&apply_args(true, "other")).await.expect("overwrite");
         let del = delete(&DeleteArgs {
             names: vec![],
             namespace: "shop".into(),
             all: true,
-            config_dir: dir.path().to_path_buf(),
+            place: place(dir.path()),
         })
+        .await
         .expect("delete");
         assert_eq!(del.lines().count(), 2, "{del}");
         assert_eq!(waypoints(dir.path()).len(), 0);
     }
 
-    #[test]
-    fn wait_and_status_follow_the_programmed_condition() {
+    #[tokio::test]
+    async fn wait_and_status_follow_the_programmed_condition() {
         let dir = tempfile::tempdir().expect("dir");
         let args = ApplyArgs {
             gateway: gen("shop", "waypoint", None),
@@ -597,9 +748,9 @@ mod tests {
             overwrite: false,
             wait: true,
             timeout: Duration::from_millis(1500),
-            config_dir: dir.path().to_path_buf(),
+            place: place(dir.path()),
         };
-        let err = apply(&args).expect_err("nobody programs it");
+        let err = apply(&args).await.expect_err("nobody programs it");
         assert_eq!(err.reason(), "not_programmed");
         assert!(err.to_string().contains("no status yet"), "{err}");
         let status_args = |wait: bool| StatusArgs {
@@ -607,9 +758,9 @@ mod tests {
             name: None,
             wait,
             timeout: Duration::from_millis(1500),
-            config_dir: dir.path().to_path_buf(),
+            place: place(dir.path()),
         };
-        let table = status(&status_args(false)).expect("status");
+        let table = status(&status_args(false)).await.expect("status");
         assert!(
             table.contains("waypoint False  Programmed Pending"),
             "{table}"
@@ -621,11 +772,14 @@ mod tests {
         writer
             .write_status(&key, Some(&programmed))
             .expect("status");
-        let table = status(&status_args(true)).expect("programmed");
+        let table = status(&status_args(true)).await.expect("programmed");
         assert_eq!(
             table,
             "NAME     STATUS TYPE       REASON     MESSAGE\nwaypoint True   Programmed Programmed Resource programmed\n"
         );
-        assert!(apply(&args).expect("programmed").contains("is programmed"));
+        assert!(apply(&args)
+            .await
+            .expect("programmed")
+            .contains("is programmed"));
     }
 }

@@ -1,6 +1,8 @@
 //! `istioctl ztunnel-config workload|service|policy|certificate|all`: ztunnel's `/config_dump`
-//! as upstream istioctl shows it. Without Kubernetes there is no port-forward: the admin
-//! address is a flag (`--ztunnel-admin`), or a saved dump is read (`--ztunnel-config-dump`).
+//! as upstream istioctl shows it. In a cluster (`--kubeconfig`, `--context`, `KUBECONFIG`, or a
+//! pod named) a ztunnel pod's admin port 15000 is reached by port-forward through the API
+//! server, as Istio's istioctl does; in the local mode the admin address is a flag
+//! (`--ztunnel-admin`); or a saved dump is read (`--ztunnel-config-dump`).
 
 mod dump;
 mod tables;
@@ -44,6 +46,17 @@ pub enum Output {
 /// Flags shared by every `ztunnel-config` command.
 #[derive(Debug, Args)]
 pub struct CommonArgs {
+    /// In a cluster, the ztunnel pod to ask (`[pod/]<name>[.<namespace>]`) [default: the one
+    /// on --node, else the first running one].
+    #[arg(value_name = "POD")]
+    pub pod: Option<String>,
+    /// The cluster (its ztunnel pods are reached by port-forward to 15000); used when given,
+    /// when KUBECONFIG is set, or with a pod name.
+    #[command(flatten)]
+    pub kube: crate::cluster::KubeArgs,
+    /// The namespace ztunnel runs in.
+    #[arg(short = 'i', long = "istioNamespace", default_value = "istio-system")]
+    pub istio_namespace: String,
     /// ztunnel's admin address (it listens on localhost:15000 in its own network namespace).
     #[arg(long, env = "ZTUNNEL_ADMIN", default_value = "http://localhost:15000")]
     pub ztunnel_admin: String,
@@ -75,6 +88,8 @@ pub enum ZtunnelConfigError {
         source: std::io::Error,
     },
     #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
+    #[error(transparent)]
     Dump(#[from] DumpError),
     #[error("cannot print {format}: {message}")]
     Print {
@@ -89,6 +104,7 @@ impl ZtunnelConfigError {
         match self {
             ZtunnelConfigError::Fetch(e) => e.reason(),
             ZtunnelConfigError::File { .. } => "file",
+            ZtunnelConfigError::Cluster(_) => "cluster",
             ZtunnelConfigError::Dump(e) => e.reason(),
             ZtunnelConfigError::Print { .. } => "print",
         }
@@ -121,6 +137,18 @@ pub async fn run(cmd: ZtunnelConfig) -> Result<(), ZtunnelConfigError> {
     let (section, args) = cmd.parts();
     let bytes = match &args.ztunnel_config_dump {
         Some(path) => read_file(path)?,
+        None if args.pod.is_some() || args.kube.given() => {
+            let mut cluster = args.kube.cluster().await?;
+            let (namespace, pod) = cluster
+                .ztunnel_pod(
+                    args.pod.as_deref(),
+                    &args.istio_namespace,
+                    args.node.as_deref(),
+                )
+                .await?;
+            crate::http::get_from_pod(cluster.client(), &namespace, &pod, 15000, "/config_dump")
+                .await?
+        }
         None => crate::http::get(&args.ztunnel_admin, "/config_dump").await?,
     };
     let dump = ConfigDump::parse(&bytes)?;

@@ -22,7 +22,9 @@
 //! - CustomResourceDefinitions are served as objects: a written CRD is checked, becomes
 //!   `Established` shortly after ([`FakeApiServer::set_crd_delay`]) and only then are its
 //!   versions served; deleting it deletes its objects (see `controllers`);
-//! - `/version`, and SelfSubjectAccessReview answered from [`FakeApiServer::deny`].
+//! - `/version`, and SelfSubjectAccessReview answered from [`FakeApiServer::deny`];
+//! - `pods/<name>/portforward` over WebSocket (`v4.channel.k8s.io`), to the pod's IP or to
+//!   where [`FakeApiServer::forward_pod_port`] says.
 //!
 //! Known differences: no managed fields in objects (server-side apply keeps each manager's
 //! configuration aside), strategic merge patches are merged as JSON merge patches, no
@@ -35,6 +37,7 @@
 mod apply;
 mod controllers;
 mod http;
+mod portforward;
 mod select;
 mod store;
 
@@ -269,6 +272,8 @@ struct Shared {
     version: Mutex<(u32, u32)>,
     /// (verb, group, resource) that access reviews deny.
     denied: Mutex<Vec<(String, String, String)>>,
+    /// (namespace, pod, port) -> where a port-forward to it connects.
+    pod_ports: Mutex<std::collections::HashMap<(String, String, u16), SocketAddr>>,
 }
 
 /// The running fake API server. Stops when dropped.
@@ -308,6 +313,7 @@ impl FakeApiServer {
             rollouts: Mutex::new(false),
             version: Mutex::new((1, 33)),
             denied: Mutex::default(),
+            pod_ports: Mutex::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -444,6 +450,12 @@ impl FakeApiServer {
     /// Access reviews for `verb` on `resource` of `group` (`""`: core) answer "not allowed".
     pub fn deny(&self, verb: &str, group: &str, resource: &str) {
         lock(&self.shared.denied).push((verb.into(), group.into(), resource.into()));
+    }
+
+    /// Port-forwards to `port` of the pod connect to `to` (the pod's own localhost, as the
+    /// kubelet reaches it); without this, they connect to the pod's `podIP`.
+    pub fn forward_pod_port(&self, namespace: &str, pod: &str, port: u16, to: SocketAddr) {
+        lock(&self.shared.pod_ports).insert((namespace.into(), pod.into(), port), to);
     }
 
     pub fn add_token(&self, token: &str, t: FakeToken) {

@@ -521,7 +521,10 @@ where
 {
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
     while !check().await {
-        assert!(std::time::Instant::now() < deadline, "{what} after {secs} s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} after {secs} s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -549,7 +552,10 @@ async fn crds_are_established_then_served_and_take_their_objects_with_them() {
         .create(&PostParams::default(), &crd("gadgets.example.com"))
         .await
         .expect_err("the name must be <plural>.<group>");
-    assert!(matches!(bad, kube::Error::Api(ref s) if s.code == 422), "{bad}");
+    assert!(
+        matches!(bad, kube::Error::Api(ref s) if s.code == 422),
+        "{bad}"
+    );
 
     let name = format!("widgets.{group}");
     crds.create(&PostParams::default(), &crd(&name))
@@ -579,7 +585,12 @@ async fn crds_are_established_then_served_and_take_their_objects_with_them() {
         .await
         .expect("create a widget");
     assert_eq!(
-        widgets.list(&ListParams::default()).await.expect("list").items.len(),
+        widgets
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
         1
     );
 
@@ -625,7 +636,10 @@ async fn access_reviews_answer_for_the_caller() {
         .create(&PostParams::default(), &ask("configmaps"))
         .await
         .expect("review");
-    assert!(allowed(answer), "the conformance user may create config maps");
+    assert!(
+        allowed(answer),
+        "the conformance user may create config maps"
+    );
     // Only the fake can be told to deny.
     if let Some(fake) = &t.fake {
         fake.deny("create", "", "configmaps");

@@ -91,7 +91,7 @@ fn is_hidden(name: &std::ffi::OsStr) -> bool {
     name.to_string_lossy().starts_with('.')
 }
 
-fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
+pub(crate) fn walk(dir: &Path, files: &mut Vec<PathBuf>) {
     if dir.is_file() {
         files.push(dir.to_path_buf());
         return;

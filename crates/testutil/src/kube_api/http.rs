@@ -20,12 +20,24 @@ use super::{lock, Shared};
 pub const DROP_WATCHES: &str = "<drop-watches>";
 
 pub fn router(shared: Arc<Shared>) -> Router {
-    Router::new().fallback(
-        move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-            let shared = shared.clone();
-            async move { handle(&shared, method, uri, headers, body).await }
-        },
-    )
+    let fallback = shared.clone();
+    Router::new()
+        .route(
+            "/api/v1/namespaces/{namespace}/pods/{pod}/portforward",
+            axum::routing::get(super::portforward::handle),
+        )
+        .fallback(
+            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+                let shared = fallback.clone();
+                async move { handle(&shared, method, uri, headers, body).await }
+            },
+        )
+        .with_state(shared)
+}
+
+/// The response carrying `s` as a `Status`.
+pub fn error_response(s: &ApiStatus) -> Response {
+    error(s)
 }
 
 fn respond(code: u16, body: &Value) -> Response {
