@@ -18,7 +18,6 @@ use std::time::Duration;
 use clap::Args;
 use mesh_charts::manifest::{generate, Component, Manifest, ManifestError};
 use mesh_charts::operator::SpecError;
-use mesh_charts::Helm;
 
 use crate::cluster::{Cluster, ClusterError, KubeArgs};
 use crate::manifest::{self, GenerateArgs};
@@ -56,6 +55,8 @@ pub enum InstallError {
     Spec(#[from] SpecError),
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Generate(#[from] manifest::GenerateError),
     #[error("invalid revision specified: {0:?} must be a DNS label (lower-case letters, digits and '-', at most 63, starting and ending with a letter or digit)")]
     Revision(String),
     #[error(transparent)]
@@ -118,12 +119,8 @@ pub fn render(args: &InstallArgs) -> Result<Manifest, InstallError> {
             return Err(InstallError::Revision(r));
         }
     }
-    let charts = args
-        .generate
-        .manifests
-        .clone()
-        .unwrap_or_else(mesh_charts::manifest::default_charts_dir);
-    Ok(generate(&Helm::default(), &charts, &spec)?)
+    let charts = manifest::Charts::open(args.generate.manifests.as_deref())?;
+    Ok(generate(&charts.helm, &charts.dir, &spec)?)
 }
 
 /// Runs `istioctl install`.

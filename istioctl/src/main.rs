@@ -79,7 +79,8 @@ async fn main() -> ExitCode {
     match run(Cli::parse()).await {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Every error here names its cause in its own message, so the chain is not repeated.
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use mesh_charts::manifest::{default_charts_dir, generate, ManifestError};
+use mesh_charts::embedded::Extracted;
+use mesh_charts::manifest::{generate, ManifestError};
 use mesh_charts::operator::{OperatorSpec, SpecError};
 use mesh_charts::Helm;
 
@@ -22,9 +23,37 @@ pub struct GenerateArgs {
     /// after the files, in order.
     #[arg(short = 's', long = "set")]
     pub sets: Vec<String>,
-    /// The charts to render [default: $MESH_CHARTS_DIR, else this build's charts/].
-    #[arg(short = 'd', long = "manifests")]
+    /// The charts to render [default: the charts built into istioctl].
+    #[arg(short = 'd', long = "manifests", env = "MESH_CHARTS_DIR")]
     pub manifests: Option<PathBuf>,
+}
+
+/// The charts a command renders and the engine that renders them.
+pub struct Charts {
+    pub dir: PathBuf,
+    pub helm: Helm,
+    /// The embedded charts' scratch copy, kept while in use.
+    _extracted: Option<Extracted>,
+}
+
+impl Charts {
+    /// `-d` / `MESH_CHARTS_DIR`, else the charts built into this istioctl (written to a
+    /// scratch directory).
+    pub fn open(manifests: Option<&std::path::Path>) -> Result<Charts, GenerateError> {
+        if let Some(dir) = manifests {
+            return Ok(Charts {
+                dir: dir.to_path_buf(),
+                helm: Helm::default(),
+                _extracted: None,
+            });
+        }
+        let extracted = mesh_charts::embedded::extract().map_err(GenerateError::Extract)?;
+        Ok(Charts {
+            dir: extracted.charts_dir(),
+            helm: extracted.helm(),
+            _extracted: Some(extracted),
+        })
+    }
 }
 
 /// Why no manifest was printed.
@@ -36,6 +65,8 @@ pub enum GenerateError {
     Manifest(#[from] ManifestError),
     #[error("cannot write the objects as YAML: {0}")]
     Yaml(#[from] serde_yaml::Error),
+    #[error("cannot write the built-in charts to a scratch directory: {0}")]
+    Extract(std::io::Error),
 }
 
 /// Merges the files and flags into one spec, as istioctl does.
@@ -54,7 +85,7 @@ pub fn spec(args: &GenerateArgs) -> Result<OperatorSpec, SpecError> {
 pub fn run(command: ManifestCommand) -> Result<(String, Vec<String>), GenerateError> {
     let ManifestCommand::Generate(args) = command;
     let spec = spec(&args)?;
-    let charts = args.manifests.clone().unwrap_or_else(default_charts_dir);
-    let manifest = generate(&Helm::default(), &charts, &spec)?;
+    let charts = Charts::open(args.manifests.as_deref())?;
+    let manifest = generate(&charts.helm, &charts.dir, &spec)?;
     Ok((manifest.to_yaml()?, manifest.notes))
 }

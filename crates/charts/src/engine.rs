@@ -126,6 +126,14 @@ impl Default for Helm {
 }
 
 impl Helm {
+    /// Helm's engine through the front end at `script` (see [`crate::embedded`]).
+    pub fn with_script(script: PathBuf) -> Self {
+        Helm {
+            script,
+            ..Helm::default()
+        }
+    }
+
     /// Renders `chart` as `helm install <release> <chart> -n <namespace>` would, offline.
     pub fn render(
         &self,

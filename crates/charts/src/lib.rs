@@ -7,6 +7,7 @@
 //! objects a `helm install` would create.
 
 pub mod crds;
+pub mod embedded;
 mod engine;
 pub mod manifest;
 mod objects;

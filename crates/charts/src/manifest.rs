@@ -5,7 +5,7 @@
 //! whose own profile file sets the values. The spec's `values` go to every chart as they are;
 //! `hub`, `tag`, `revision`, `namespace` and `meshConfig` land where the charts read them.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
@@ -321,11 +321,4 @@ fn label(object: &mut Value, component: Component, revision: &str) {
             map.entry(key.to_string()).or_insert(Value::String(value));
         }
     }
-}
-
-/// `charts/` of this repository, or `MESH_CHARTS_DIR`.
-pub fn default_charts_dir() -> PathBuf {
-    std::env::var_os("MESH_CHARTS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(crate::charts_dir)
 }
