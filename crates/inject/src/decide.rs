@@ -1,0 +1,46 @@
+//! Which pods get a sidecar, as Istio's webhook decides once the webhook's selectors have let
+//! the pod through: never host-network pods or pods of the system namespaces; the pod's
+//! `sidecar.istio.io/inject` label (or, without it, the annotation of that name) says `true` or
+//! `false`; saying nothing (or anything else) follows the policy.
+
+use serde_json::Value;
+
+use crate::config::Policy;
+
+/// Namespaces whose pods are never injected.
+pub const IGNORED_NAMESPACES: [&str; 4] = [
+    "kube-system",
+    "kube-public",
+    "kube-node-lease",
+    "local-path-storage",
+];
+
+/// The decision, with why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Inject,
+    Skip(String),
+}
+
+/// Whether the pod (`metadata` and `spec`) in `namespace` is injected under `policy`.
+pub fn decide(pod: &Value, namespace: &str, policy: Policy) -> Decision {
+    if pod["spec"]["hostNetwork"] == Value::Bool(true) {
+        return Decision::Skip("the pod uses the host network".into());
+    }
+    if IGNORED_NAMESPACES.contains(&namespace) {
+        return Decision::Skip(format!("namespace {namespace} is never injected"));
+    }
+    let key = mesh_api::label::SIDECAR_INJECT;
+    let said = pod["metadata"]["labels"][key]
+        .as_str()
+        .or_else(|| pod["metadata"]["annotations"][key].as_str())
+        .unwrap_or_default();
+    match (said, policy) {
+        ("true", _) => Decision::Inject,
+        ("false", _) => Decision::Skip(format!("{key} is \"false\"")),
+        (_, Policy::Enabled) => Decision::Inject,
+        (_, Policy::Disabled) => Decision::Skip(format!(
+            "the injection policy is disabled and the pod does not set {key}: \"true\""
+        )),
+    }
+}

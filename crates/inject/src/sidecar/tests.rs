@@ -1,0 +1,159 @@
+use super::*;
+use crate::{decide, patch, Decision, Policy};
+
+fn pod() -> Value {
+    json!({
+        "metadata": {"name": "web-7d9c6b5f4-abcde", "namespace": "shop",
+            "labels": {"app": "web", "version": "v2"},
+            "annotations": {"prometheus.io/port": "9100"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": "web-7d9c6b5f4", "controller": true, "uid": "u"}]},
+        "spec": {
+            "serviceAccountName": "web",
+            "containers": [{"name": "web", "image": "nginx",
+                "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}}}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        },
+    })
+}
+
+fn env<'a>(container: &'a Value, name: &str) -> &'a Value {
+    container["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == name))
+        .map_or(&Value::Null, |v| &v["value"])
+}
+
+#[test]
+fn a_pod_gets_the_proxy_init_step_volumes_labels_and_status() {
+    let cfg = InjectConfig::from_values(&json!({"global": {"hub": "registry.example/mesh", "tag": "1.0"}}));
+    let workload = Workload::of_pod(&pod(), "shop");
+    assert_eq!(workload.name, "web");
+    assert_eq!(workload.owner, "kubernetes://apis/apps/v1/namespaces/shop/deployments/web");
+    let out = inject(&pod(), &workload, &cfg).expect("inject");
+    let containers = out["spec"]["containers"].as_array().expect("containers");
+    assert_eq!(containers.len(), 2);
+    let proxy = &containers[1];
+    assert_eq!(proxy["name"], "istio-proxy");
+    assert_eq!(proxy["image"], "registry.example/mesh/proxyv2:1.0");
+    assert_eq!(proxy["args"][0], "proxy");
+    assert_eq!(proxy["args"][1], "sidecar");
+    assert_eq!(proxy["args"][3], "$(POD_NAMESPACE).svc.cluster.local");
+    assert_eq!(proxy["securityContext"]["runAsUser"], 1337);
+    assert_eq!(env(proxy, "CA_ADDR"), "istiod.istio-system.svc:15012");
+    assert_eq!(env(proxy, "ISTIO_META_APP_CONTAINERS"), "web");
+    assert_eq!(env(proxy, "ISTIO_META_WORKLOAD_NAME"), "web");
+    assert_eq!(
+        env(proxy, "ISTIO_KUBE_APP_PROBERS"),
+        r#"{"/app-health/web/readyz":{"httpGet":{"path":"/ready","port":8080}}}"#
+    );
+    assert_eq!(env(proxy, "ISTIO_PROMETHEUS_ANNOTATIONS"), r#"{"port":"9100"}"#);
+    assert_eq!(
+        containers[0]["readinessProbe"]["httpGet"],
+        json!({"path": "/app-health/web/readyz", "port": 15020, "scheme": "HTTP"})
+    );
+    let init = &out["spec"]["initContainers"][0];
+    assert_eq!(init["name"], "istio-init");
+    assert_eq!(
+        init["args"],
+        json!(["istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT",
+               "-i", "*", "-x", "", "-b", "*", "-d", "15090,15021,15020",
+               "--log_output_level=default:info"])
+    );
+    assert_eq!(init["securityContext"]["capabilities"]["add"], json!(["NET_ADMIN", "NET_RAW"]));
+    let volumes: Vec<&str> = out["spec"]["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(volumes[0], "data");
+    assert!(volumes.contains(&"istio-token") && volumes.contains(&"istiod-ca-cert"));
+    let status: Value = serde_json::from_str(
+        out["metadata"]["annotations"]["sidecar.istio.io/status"].as_str().expect("status"),
+    )
+    .expect("json");
+    assert_eq!(status["containers"], json!(["istio-proxy"]));
+    assert_eq!(status["initContainers"], json!(["istio-init"]));
+    assert_eq!(status["revision"], "default");
+    assert_eq!(status["volumes"].as_array().map(Vec::len), Some(8));
+    let a = &out["metadata"]["annotations"];
+    assert_eq!(a["kubectl.kubernetes.io/default-container"], "web");
+    assert_eq!(a["prometheus.io/port"], "15020");
+    assert_eq!(a["prometheus.io/path"], "/stats/prometheus");
+    let l = &out["metadata"]["labels"];
+    assert_eq!(l["security.istio.io/tlsMode"], "istio");
+    assert_eq!(l["service.istio.io/canonical-name"], "web");
+    assert_eq!(l["service.istio.io/canonical-revision"], "v2");
+}
+
+#[test]
+fn injecting_twice_is_injecting_once_and_the_patch_replays() {
+    let cfg = InjectConfig::default();
+    let workload = Workload::of_pod(&pod(), "shop");
+    let once = inject(&pod(), &workload, &cfg).expect("once");
+    let twice = inject(&once, &workload, &cfg).expect("twice");
+    assert_eq!(once["spec"], twice["spec"]);
+    let ops = patch(&pod(), &once);
+    let ops: json_patch::Patch = serde_json::from_value(ops).expect("a JSON patch");
+    let mut replayed = pod();
+    json_patch::patch(&mut replayed, &ops).expect("applies");
+    assert_eq!(replayed, once);
+}
+
+#[test]
+fn with_cni_the_init_step_only_validates_and_annotations_tune_capture() {
+    let cfg = InjectConfig::from_values(&json!({"pilot": {"cni": {"enabled": true}}, "revision": "canary"}));
+    let mut p = pod();
+    p["metadata"]["annotations"] = json!({
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges": "10.0.0.0/8",
+        "traffic.sidecar.istio.io/excludeInboundPorts": "9000",
+        "traffic.sidecar.istio.io/excludeOutboundPorts": "5432",
+        "prometheus.io/scrape": "false",
+        "sidecar.istio.io/rewriteAppHTTPProbers": "false",
+    });
+    let out = inject(&p, &Workload::of_pod(&p, "shop"), &cfg).expect("inject");
+    let init = &out["spec"]["initContainers"][0];
+    assert_eq!(init["name"], "istio-validation");
+    let args: Vec<&str> = init["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
+    assert!(args.windows(2).any(|w| w == ["-x", "10.0.0.0/8"]), "{args:?}");
+    assert!(args.windows(2).any(|w| w == ["-d", "9000,15090,15021,15020"]), "{args:?}");
+    assert!(args.windows(2).any(|w| w == ["-o", "5432"]), "{args:?}");
+    assert!(args.ends_with(&["--run-validation", "--skip-rule-apply"]));
+    assert_eq!(init["securityContext"]["runAsUser"], 1337);
+    assert_eq!(out["metadata"]["annotations"]["prometheus.io/scrape"], "false");
+    assert_eq!(out["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"], "http");
+    let proxy = &out["spec"]["containers"][1];
+    assert_eq!(env(proxy, "CA_ADDR"), "istiod-canary.istio-system.svc:15012");
+    assert_eq!(out["metadata"]["annotations"]["istio.io/rev"], "canary");
+}
+
+#[test]
+fn bad_input_is_named() {
+    let cfg = InjectConfig::default();
+    let w = Workload::new("shop", "Pod", "v1", "x");
+    let err = inject(&json!({"spec": {"containers": []}}), &w, &cfg).expect_err("no containers");
+    assert_eq!(err.to_string(), "the pod spec has no containers");
+    let mut p = pod();
+    p["metadata"]["annotations"]["sidecar.istio.io/interceptionMode"] = json!("MAGIC");
+    let err = inject(&p, &w, &cfg).expect_err("bad mode");
+    assert!(err.to_string().contains("sidecar.istio.io/interceptionMode is \"MAGIC\""), "{err}");
+    p["metadata"]["annotations"] = json!({"status.sidecar.istio.io/port": "http"});
+    assert_eq!(inject(&p, &w, &cfg).expect_err("bad port").reason(), "bad_annotation");
+}
+
+#[test]
+fn decisions_follow_the_label_then_the_annotation_then_the_policy() {
+    let p = |labels: Value, annotations: Value| json!({"metadata": {"labels": labels, "annotations": annotations}, "spec": {}});
+    let inject_label = |v: &str| json!({"sidecar.istio.io/inject": v});
+    assert_eq!(decide(&p(json!({}), json!({})), "shop", Policy::Enabled), Decision::Inject);
+    assert!(matches!(decide(&p(json!({}), json!({})), "shop", Policy::Disabled), Decision::Skip(_)));
+    assert_eq!(decide(&p(inject_label("true"), json!({})), "shop", Policy::Disabled), Decision::Inject);
+    assert!(matches!(decide(&p(inject_label("false"), inject_label("true")), "shop", Policy::Enabled), Decision::Skip(_)));
+    assert_eq!(decide(&p(json!({}), inject_label("true")), "shop", Policy::Disabled), Decision::Inject);
+    assert!(matches!(decide(&p(json!({}), json!({})), "kube-system", Policy::Enabled), Decision::Skip(_)));
+    let mut host = p(json!({}), json!({}));
+    host["spec"]["hostNetwork"] = json!(true);
+    assert!(matches!(decide(&host, "shop", Policy::Enabled), Decision::Skip(_)));
+}
