@@ -26,8 +26,9 @@ pub struct AnalyzeArgs {
     /// Directories (or files) of Kubernetes YAML/JSON to analyze (with a cluster, laid over
     /// its live objects).
     pub paths: Vec<PathBuf>,
-    /// Analyze the live cluster too [default: when --kubeconfig, --context or KUBECONFIG names
-    /// one]; `--use-kube=false` analyzes the files only.
+    /// Analyze the live cluster too [default: when --kubeconfig or --context names one;
+    /// `-k` alone uses $KUBECONFIG, ~/.kube/config or the in-cluster configuration];
+    /// `--use-kube=false` analyzes the files only.
     #[arg(short = 'k', long, num_args = 0..=1, default_missing_value = "true")]
     pub use_kube: Option<bool>,
     #[command(flatten)]
@@ -69,7 +70,7 @@ pub enum AnalyzeError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("pass directories or files of manifests to analyze, or a cluster (--kubeconfig, --context or KUBECONFIG)")]
+    #[error("pass directories or files of manifests to analyze, or a cluster (--kubeconfig, --context or -k)")]
     NothingToAnalyze,
     #[error(transparent)]
     Cluster(#[from] crate::cluster::ClusterError),

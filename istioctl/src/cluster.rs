@@ -48,11 +48,11 @@ pub enum ClusterError {
 }
 
 impl KubeArgs {
-    /// Whether a cluster was named: `--kubeconfig`, `--context`, or `KUBECONFIG` set.
+    /// Whether a cluster was named on the command line (`--kubeconfig` or `--context`): the
+    /// commands that also work without one (precheck, ztunnel-config, analyze) switch to the
+    /// cluster only then, so an exported `KUBECONFIG` never changes what they look at.
     pub fn given(&self) -> bool {
-        self.kubeconfig.is_some()
-            || self.context.is_some()
-            || std::env::var_os("KUBECONFIG").is_some_and(|k| !k.is_empty())
+        self.kubeconfig.is_some() || self.context.is_some()
     }
 
     /// Connects (lazily: nothing is sent yet).
@@ -331,7 +331,8 @@ impl Cluster {
 /// `(namespace, name)` of a pod as istioctl names one: `[pod/]<name>[.<namespace>]`.
 pub fn pod_ref(arg: &str, default_namespace: &str) -> (String, String) {
     let name = arg.strip_prefix("pod/").unwrap_or(arg);
-    match name.split_once('.') {
+    // Pod names may hold dots; a namespace cannot, so the last dot separates them.
+    match name.rsplit_once('.') {
         Some((name, namespace)) if !namespace.is_empty() => {
             (namespace.to_string(), name.to_string())
         }

@@ -109,9 +109,6 @@ pub fn confirm(question: &str) -> bool {
 pub fn render(args: &InstallArgs) -> Result<Manifest, InstallError> {
     let mut spec = manifest::spec(&args.generate)?;
     if let Some(r) = &args.revision {
-        if !valid_revision(r) {
-            return Err(InstallError::Revision(r.clone()));
-        }
         spec.set(&format!("revision={r}"))?;
     }
     if let Some(r) = spec.string("revision") {

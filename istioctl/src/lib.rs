@@ -8,6 +8,7 @@ pub mod csr;
 pub mod http;
 pub mod input;
 pub mod install;
+pub mod kube_inject;
 pub mod manifest;
 pub mod precheck;
 pub mod proxy_config;

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use istioctl::{
-    analyze, csr, install, manifest, precheck, proxy_config, uninstall, waypoint, xds_dump,
-    ztunnel_config,
+    analyze, csr, install, kube_inject, manifest, precheck, proxy_config, uninstall, waypoint,
+    xds_dump, ztunnel_config,
 };
 
 #[derive(Debug, Parser)]
@@ -49,6 +49,9 @@ enum Command {
     /// to be ready, and prune what an earlier install left.
     #[command(visible_alias = "apply")]
     Install(install::InstallArgs),
+    /// Inject the Envoy sidecar into the pod templates of Kubernetes manifests (offline).
+    #[command(name = "kube-inject")]
+    KubeInject(kube_inject::KubeInjectArgs),
     /// Remove the mesh (a revision's control plane, or everything with --purge) from a cluster.
     Uninstall(uninstall::UninstallArgs),
     /// Analyze a cluster's live objects and/or directories of Kubernetes/Istio YAML and print
@@ -79,11 +82,24 @@ async fn main() -> ExitCode {
     match run(Cli::parse()).await {
         Ok(code) => code,
         Err(e) => {
-            // Every error here names its cause in its own message, so the chain is not repeated.
-            eprintln!("error: {e}");
+            eprintln!("error: {}", describe(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error with each cause its message does not already include (most of ours name their
+/// cause; a client library's often keep it in the chain only).
+fn describe(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -99,6 +115,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Analyze(args) => Ok(analyze::run(&args).await?),
         Command::Install(args) => Ok(install::run(&args).await?),
         Command::Uninstall(args) => Ok(uninstall::run(&args).await?),
+        Command::KubeInject(args) => kube_inject::run(&args)
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(Into::into),
         Command::Manifest { command } => {
             let (yaml, notes) = manifest::run(command)?;
             for note in notes {

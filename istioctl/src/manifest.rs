@@ -40,16 +40,10 @@ impl Charts {
     /// `-d` / `MESH_CHARTS_DIR`, else the charts built into this istioctl (written to a
     /// scratch directory).
     pub fn open(manifests: Option<&std::path::Path>) -> Result<Charts, GenerateError> {
-        if let Some(dir) = manifests {
-            return Ok(Charts {
-                dir: dir.to_path_buf(),
-                helm: Helm::default(),
-                _extracted: None,
-            });
-        }
+        // Helm's front end always comes from the binary, whichever charts are rendered.
         let extracted = mesh_charts::embedded::extract().map_err(GenerateError::Extract)?;
         Ok(Charts {
-            dir: extracted.charts_dir(),
+            dir: manifests.map_or_else(|| extracted.charts_dir(), std::path::Path::to_path_buf),
             helm: extracted.helm(),
             _extracted: Some(extracted),
         })

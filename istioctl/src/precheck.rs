@@ -12,8 +12,7 @@ pub mod cluster;
 /// Flags of `istioctl x precheck`.
 #[derive(Debug, Args)]
 pub struct PrecheckArgs {
-    /// Check a cluster instead of this host; used when `--kubeconfig` or `--context` is given,
-    /// or `KUBECONFIG` is set.
+    /// Check a cluster instead of this host; used when `--kubeconfig` or `--context` is given.
     #[command(flatten)]
     pub kube: crate::cluster::KubeArgs,
     /// The namespace the control plane goes to (for the permission checks).

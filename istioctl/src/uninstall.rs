@@ -3,7 +3,8 @@
 //! - `--revision r` (or `--set revision=r`, or `-f` with a file naming one): the control plane
 //!   of that revision (istiod, CNI, ztunnel; not the base component, whose CRDs and validation
 //!   other revisions share), and waypoints labelled for that revision.
-//! - `-f file` without a revision: the control plane components of every revision.
+//! - `-f file` without a revision: the control plane components of every revision (no
+//!   waypoints).
 //! - `--purge`: everything any install labelled, CRDs included (and with them every Istio
 //!   object users wrote), and every waypoint. The `istio-system` namespace stays.
 
@@ -55,7 +56,7 @@ pub enum UninstallError {
     Revision(String),
     #[error(transparent)]
     Spec(#[from] SpecError),
-    #[error("failed to delete control plane resources by revision: {0}")]
+    #[error("cannot uninstall: {0}")]
     Cluster(#[from] ClusterError),
 }
 
@@ -107,11 +108,15 @@ pub async fn run(args: &UninstallArgs) -> Result<ExitCode, UninstallError> {
         kinds.extend(owned::PURGE_KINDS);
     }
     let mut objects = owned::find(&mut cluster, &kinds, &selector).await?;
+    // Waypoints go with --purge (all of them) or with their revision's control plane.
     let waypoint_selector = match (&revision, args.purge) {
-        (Some(r), false) => format!("istio.io/rev={r}"),
-        _ => String::new(),
+        (_, true) => Some(String::new()),
+        (Some(r), false) => Some(format!("istio.io/rev={r}")),
+        (None, false) => None,
     };
-    objects.extend(waypoints(&mut cluster, &waypoint_selector).await?);
+    if let Some(selector) = waypoint_selector {
+        objects.extend(waypoints(&mut cluster, &selector).await?);
+    }
     if objects.is_empty() {
         println!(
             "No resources will be pruned from the cluster. Please double check the input configs"
@@ -146,7 +151,7 @@ async fn waypoints(
     let gateways = cluster.list(GATEWAY.0, GATEWAY.1, selector).await?;
     Ok(gateways
         .iter()
-        .filter(|g| g["spec"]["gatewayClassName"] == "istio-waypoint")
+        .filter(|g| g["spec"]["gatewayClassName"] == mesh_api::WAYPOINT_CLASS)
         .map(|g| Owned {
             api_version: GATEWAY.0.to_string(),
             kind: GATEWAY.1.to_string(),

@@ -242,9 +242,10 @@ enum Backend {
 
 impl Place {
     async fn open(&self) -> Result<Backend, WaypointError> {
+        // Cluster flags on the command line win over an exported ISTIOD_CONFIG_DIR.
         Ok(match &self.config_dir {
-            Some(dir) => Backend::Dir(dir.clone()),
-            None => Backend::Cluster(Box::new(self.kube.cluster().await?)),
+            Some(dir) if !self.kube.given() => Backend::Dir(dir.clone()),
+            _ => Backend::Cluster(Box::new(self.kube.cluster().await?)),
         })
     }
 }
@@ -305,12 +306,16 @@ pub async fn apply(args: &ApplyArgs) -> Result<String, WaypointError> {
     let yaml = gateway_yaml(g)?;
     let mut backend = args.place.open().await?;
     let mut out = String::new();
-    if args.enroll_namespace {
-        out.push_str(&match &mut backend {
-            Backend::Dir(dir) => enroll(args, dir)?,
-            Backend::Cluster(cluster) => enroll_in_cluster(args, cluster).await?,
-        });
-    }
+    // In a cluster the namespace is checked first and labelled only once the Gateway exists,
+    // so a failed apply never leaves the namespace pointing at no waypoint.
+    let labels = match (&mut backend, args.enroll_namespace) {
+        (Backend::Cluster(cluster), true) => {
+            let labels = namespace_labels(cluster, &g.namespace).await?;
+            out.push_str(&enroll_checks(args, &labels)?);
+            Some(labels)
+        }
+        _ => None,
+    };
     match &mut backend {
         Backend::Dir(dir) => write_atomic(&dir.join(file_name(&g.namespace, &g.name)), &yaml)?,
         Backend::Cluster(cluster) => {
@@ -321,6 +326,14 @@ pub async fn apply(args: &ApplyArgs) -> Result<String, WaypointError> {
                 })?;
             cluster.apply(&value, &g.namespace, FIELD_MANAGER).await?;
         }
+    }
+    match (&mut backend, args.enroll_namespace) {
+        (Backend::Dir(dir), true) => out.push_str(&enroll(args, dir)?),
+        (Backend::Cluster(cluster), true) if labels.is_some() => {
+            label_namespace(cluster, args).await?;
+            out.push_str(&labeled(args));
+        }
+        _ => {}
     }
     out.push_str(&format!("waypoint {}/{} applied\n", g.namespace, g.name));
     if args.wait {
@@ -449,25 +462,26 @@ fn labeled(args: &ApplyArgs) -> String {
     )
 }
 
-/// Labels the cluster's namespace `istio.io/use-waypoint=<name>` (a merge patch).
-async fn enroll_in_cluster(
-    args: &ApplyArgs,
+/// The labels of the cluster's namespace (an error when it does not exist).
+async fn namespace_labels(
     cluster: &mut Cluster,
-) -> Result<String, WaypointError> {
-    let g = &args.gateway;
+    namespace: &str,
+) -> Result<BTreeMap<String, String>, WaypointError> {
     let ns = cluster
-        .get("v1", "Namespace", "", &g.namespace)
+        .get("v1", "Namespace", "", namespace)
         .await?
-        .ok_or_else(|| WaypointError::NoNamespace(g.namespace.clone()))?;
-    let labels: BTreeMap<String, String> =
-        serde_json::from_value(ns["metadata"]["labels"].clone()).unwrap_or_default();
-    let mut note = enroll_checks(args, &labels)?;
+        .ok_or_else(|| WaypointError::NoNamespace(namespace.to_string()))?;
+    Ok(serde_json::from_value(ns["metadata"]["labels"].clone()).unwrap_or_default())
+}
+
+/// Labels the cluster's namespace `istio.io/use-waypoint=<name>` (a merge patch).
+async fn label_namespace(cluster: &mut Cluster, args: &ApplyArgs) -> Result<(), WaypointError> {
+    let g = &args.gateway;
     let patch = serde_json::json!({"metadata": {"labels": {label::USE_WAYPOINT: g.name}}});
     cluster
         .merge_patch("v1", "Namespace", "", &g.namespace, &patch)
         .await?;
-    note.push_str(&labeled(args));
-    Ok(note)
+    Ok(())
 }
 
 /// Labels the namespace `istio.io/use-waypoint=<name>`, writing its file back.

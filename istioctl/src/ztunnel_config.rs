@@ -50,8 +50,8 @@ pub struct CommonArgs {
     /// on --node, else the first running one].
     #[arg(value_name = "POD")]
     pub pod: Option<String>,
-    /// The cluster (its ztunnel pods are reached by port-forward to 15000); used when given,
-    /// when KUBECONFIG is set, or with a pod name.
+    /// The cluster (its ztunnel pods are reached by port-forward to 15000); used when
+    /// `--kubeconfig` or `--context` is given, or a pod is named.
     #[command(flatten)]
     pub kube: crate::cluster::KubeArgs,
     /// The namespace ztunnel runs in.

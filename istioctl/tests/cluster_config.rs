@@ -411,7 +411,21 @@ async fn waypoints_are_applied_listed_awaited_and_deleted_in_a_cluster() {
     // The controller programs it while status waits.
     let waiting = c.istioctl(&["waypoint", "status", "-n", "shop", "--timeout", "30s"]);
     let program = async {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Once istioctl has read the Gateways it is waiting for this one.
+        let reads = || {
+            c.api
+                .requests()
+                .iter()
+                .filter(|r| r.starts_with("GET /apis/gateway.networking.k8s.io/v1/gateways"))
+                .count()
+        };
+        let before = reads();
+        for _ in 0..600 {
+            if reads() > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let mut gw = c
             .api
             .get(

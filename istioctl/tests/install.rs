@@ -333,7 +333,17 @@ async fn install_waits_for_workloads_and_names_what_is_not_ready() {
         "",
     );
     let finish = async {
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // Once istioctl reads istiod's Deployment it is waiting for it.
+        let waiting = |r: &String| {
+            r.starts_with("GET /apis/apps/v1/namespaces/istio-system/deployments/istiod")
+        };
+        let before = c.api.requests().iter().filter(|r| waiting(r)).count();
+        for _ in 0..600 {
+            if c.api.requests().iter().filter(|r| waiting(r)).count() > before {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         c.api.simulate_rollouts(true);
     };
     let (out, ()) = tokio::join!(run, finish);

@@ -148,6 +148,16 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub max_workload_cert_ttl: Duration,
 
+    /// The sidecar injector's configuration: `values` (the istiod chart's values, JSON) and
+    /// `config` (`policy: enabled|disabled`), as the `istio-sidecar-injector` ConfigMap mounts
+    /// them; missing files mean Istio's defaults.
+    #[arg(
+        long,
+        env = "ISTIOD_INJECT_DIR",
+        default_value = "/var/lib/istio/inject"
+    )]
+    pub inject_dir: std::path::PathBuf,
+
     /// DNS names on istiod's serving certificate (15012).
     #[arg(
         long,

@@ -16,6 +16,7 @@ use crate::metrics::StatusWriteLabels;
 use crate::model::Snapshot;
 
 pub mod ca_secret;
+pub mod injector_config;
 pub mod root_cert;
 pub mod status;
 pub mod validation_config;
@@ -56,6 +57,12 @@ impl Controllers {
             self.roots.clone(),
         ));
         let _stop_webhooks = AbortOnDrop(webhooks);
+        let injector = tokio::spawn(injector_config::run(
+            self.client.clone(),
+            self.revision.clone(),
+            self.roots.clone(),
+        ));
+        let _stop_injector = AbortOnDrop(injector);
         let (client, roots) = (self.client.clone(), self.roots.clone());
         let root_certs = move || root_cert::run(client.clone(), roots.clone());
         let root_certs = self.elect(

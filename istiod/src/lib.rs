@@ -8,6 +8,7 @@ pub mod ca;
 pub mod config;
 pub mod debug;
 pub mod envoy;
+pub mod inject;
 pub mod kube;
 pub mod live_ca;
 pub mod mesh_config;

@@ -54,6 +54,8 @@ pub enum ServerError {
     },
     #[error(transparent)]
     Http(#[from] mesh_runtime::http::HttpError),
+    #[error(transparent)]
+    Inject(#[from] crate::inject::InjectConfigError),
     #[error("webhook server on {addr}: {source}")]
     Webhook {
         addr: SocketAddr,
@@ -83,6 +85,7 @@ impl ServerError {
             ServerError::Config(_) => "config",
             ServerError::Ca(_) => "ca",
             ServerError::Auth(_) => "auth",
+            ServerError::Inject(_) => "inject",
             ServerError::Bind { .. } => "bind",
             ServerError::Http(_) => "http",
             ServerError::Grpc { .. } => "grpc",
@@ -373,10 +376,11 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
         incoming: tls_incoming(webhook, webhook_tls),
         addr: webhook_addr,
     };
+    let injector = Arc::new(crate::inject::load(&config)?);
     let sd = shutdown.clone();
     tasks.spawn(async move {
-        tracing::info!(addr = %webhook_addr, "validating webhook (TLS) listening");
-        axum::serve(listener, crate::webhook::router())
+        tracing::info!(addr = %webhook_addr, "validating and injection webhooks (TLS) listening");
+        axum::serve(listener, crate::webhook::router(injector))
             .with_graceful_shutdown(sd.wait())
             .await
             .map_err(|source| ServerError::Webhook {

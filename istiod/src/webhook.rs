@@ -33,11 +33,12 @@ pub const VALIDATED_GROUPS: [&str; 4] = [
     "extensions.istio.io",
 ];
 
-/// `/validate` (and `/validate/<anything>`, as Istio accepts).
-pub fn router() -> Router {
+/// `/validate` (and `/validate/<anything>`, as Istio accepts), and the injector's `/inject`.
+pub fn router(injector: std::sync::Arc<mesh_inject::InjectConfig>) -> Router {
     Router::new()
         .route("/validate", post(validate_handler))
         .route("/validate/{*rest}", post(validate_handler))
+        .merge(crate::inject::router(injector))
 }
 
 async fn validate_handler(body: Bytes) -> Response {
@@ -50,9 +51,9 @@ async fn validate_handler(body: Bytes) -> Response {
     }
 }
 
-/// The AdmissionReview answering `body`, or why `body` is not one.
-pub fn review(body: &[u8]) -> Result<Value, String> {
-    let review: Value =
+/// The request of the AdmissionReview `body` and its uid, or why `body` is not one.
+pub fn admission_request(body: &[u8]) -> Result<(Value, String), String> {
+    let mut review: Value =
         serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
     let api_version = review["apiVersion"].as_str().unwrap_or_default();
     if review["kind"] != "AdmissionReview" || api_version != "admission.k8s.io/v1" {
@@ -62,13 +63,30 @@ pub fn review(body: &[u8]) -> Result<Value, String> {
         ));
     }
     let request = review
-        .get("request")
+        .get_mut("request")
         .filter(|r| r.is_object())
+        .map(Value::take)
         .ok_or("the AdmissionReview has no request")?;
     let uid = request["uid"]
         .as_str()
         .filter(|u| !u.is_empty())
-        .ok_or("the AdmissionReview request has no uid")?;
+        .ok_or("the AdmissionReview request has no uid")?
+        .to_string();
+    Ok((request, uid))
+}
+
+/// The AdmissionReview `response` wrapped as the API server expects it.
+pub fn answer(response: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response,
+    })
+}
+
+/// The AdmissionReview answering `body`, or why `body` is not one.
+pub fn review(body: &[u8]) -> Result<Value, String> {
+    let (request, uid) = admission_request(body)?;
     let verdict = if request["operation"] == "DELETE" {
         Ok(())
     } else {
@@ -85,11 +103,7 @@ pub fn review(body: &[u8]) -> Result<Value, String> {
         response["status"] =
             json!({"status": "Failure", "message": message, "reason": "BadRequest", "code": 400});
     }
-    Ok(json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "response": response,
-    }))
+    Ok(answer(response))
 }
 
 /// Whether the mesh accepts `object`.

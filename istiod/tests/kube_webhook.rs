@@ -322,3 +322,112 @@ async fn a_rotated_plugged_in_root_reaches_configmaps_webhooks_and_serving_certi
         .await
         .contains("istiod_cacerts_reloads_total{result=\"ok\"}"));
 }
+
+fn pod_review(uid: &str, pod: Value) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": uid, "operation": "CREATE", "namespace": "shop",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "object": pod}}),
+    )
+    .expect("json")
+}
+
+#[tokio::test]
+async fn the_injector_answers_pods_with_a_json_patch_over_tls() {
+    let inject = tempfile::tempdir().expect("inject dir");
+    std::fs::write(
+        inject.path().join("values"),
+        r#"{"global": {"hub": "registry.example/mesh", "tag": "9.9"}}"#,
+    )
+    .expect("values");
+    std::fs::write(inject.path().join("config"), "policy: enabled\n").expect("config");
+    let c = cluster(
+        false,
+        &[format!("--inject-dir={}", inject.path().display())],
+    )
+    .await;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "web-7d9c6b5f4-", "labels": {"app": "web"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": "web-7d9c6b5f4", "controller": true, "uid": "u"}]},
+        "spec": {"containers": [{"name": "web", "image": "nginx"}]}});
+    let (code, body) = post(&c.istiod, "/inject", &pod_review("p1", pod.clone())).await;
+    assert_eq!(code, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("AdmissionReview");
+    let response = &answer["response"];
+    assert_eq!(response["uid"], "p1");
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["patchType"], "JSONPatch");
+    use base64::Engine;
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(response["patch"].as_str().expect("patch"))
+        .expect("base64");
+    let ops: Vec<Value> = serde_json::from_slice(&patch).expect("JSON patch");
+    let proxy = ops
+        .iter()
+        .find(|op| op["path"] == "/spec/containers/1")
+        .map(|op| &op["value"])
+        .expect("the proxy container is added");
+    assert_eq!(proxy["name"], "istio-proxy");
+    assert_eq!(proxy["image"], "registry.example/mesh/proxyv2:9.9");
+    let owner = proxy["env"]
+        .as_array()
+        .and_then(|e| e.iter().find(|v| v["name"] == "ISTIO_META_OWNER"))
+        .map(|v| v["value"].clone());
+    assert_eq!(
+        owner,
+        Some(json!(
+            "kubernetes://apis/apps/v1/namespaces/shop/deployments/web"
+        ))
+    );
+
+    // Opted out: allowed as it is. Not injectable: denied with the reason.
+    let mut opted_out = pod.clone();
+    opted_out["metadata"]["labels"]["sidecar.istio.io/inject"] = json!("false");
+    let (_, body) = post(
+        &c.istiod,
+        "/inject/cluster/Kubernetes",
+        &pod_review("p2", opted_out),
+    )
+    .await;
+    let answer: Value = serde_json::from_str(&body).expect("AdmissionReview");
+    assert_eq!(answer["response"]["allowed"], true);
+    assert!(answer["response"]["patch"].is_null(), "{body}");
+    let mut empty = pod;
+    empty["spec"]["containers"] = json!([]);
+    let (_, body) = post(&c.istiod, "/inject", &pod_review("p3", empty)).await;
+    let answer: Value = serde_json::from_str(&body).expect("AdmissionReview");
+    assert_eq!(answer["response"]["allowed"], false);
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no containers")),
+        "{body}"
+    );
+    let (code, _) = post(&c.istiod, "/inject", b"[]").await;
+    assert_eq!(code, 400);
+
+    // The injector's webhook configuration gets the root as its caBundle.
+    c.api
+        .seed(json!({"apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "istio-sidecar-injector", "labels": {"istio.io/rev": "default"}},
+            "webhooks": [{"name": "namespace.sidecar-injector.istio.io",
+                "clientConfig": {"service": {"name": "istiod", "namespace": "istio-system", "path": "/inject"}},
+                "admissionReviewVersions": ["v1"], "sideEffects": "None"}]}))
+        .expect("injector configuration");
+    let bundle = base64(c.istiod.root_cert_pem.as_bytes());
+    eventually("the injector's caBundle", || {
+        c.api
+            .get(
+                "admissionregistration.k8s.io/v1",
+                "MutatingWebhookConfiguration",
+                "",
+                "istio-sidecar-injector",
+            )
+            .is_some_and(|m| m["webhooks"][0]["clientConfig"]["caBundle"] == bundle.as_str())
+    })
+    .await;
+}

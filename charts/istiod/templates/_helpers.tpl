@@ -51,3 +51,22 @@ istio.io/rev: {{ .Values.revision | quote }}
 istio: pilot
 {{- end }}
 {{- end }}
+
+{{- /* What every sidecar injector webhook shares (mutatingwebhook.yaml). */ -}}
+{{- define "mesh.injector.core" }}
+    clientConfig:
+      service:
+        name: {{ include "istiod.name" .root }}
+        namespace: {{ .root.Values.global.istioNamespace }}
+        path: {{ .root.Values.sidecarInjectorWebhook.injectionPath | quote }}
+        port: 443
+    sideEffects: None
+    rules:
+      - operations: [CREATE]
+        apiGroups: [""]
+        apiVersions: ["v1"]
+        resources: ["pods"]
+    failurePolicy: Fail
+    reinvocationPolicy: {{ .root.Values.sidecarInjectorWebhook.reinvocationPolicy | quote }}
+    admissionReviewVersions: ["v1"]
+{{- end }}

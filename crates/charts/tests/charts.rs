@@ -596,6 +596,16 @@ const ISTIOD_CALLS: &[(&str, &str, &str)] = &[
         "validatingwebhookconfigurations",
         "update",
     ),
+    (
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        "watch",
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        "update",
+    ),
     ("", "services/status", "patch"),
     ("networking.istio.io", "serviceentries/status", "patch"),
     ("security.istio.io", "authorizationpolicies/status", "patch"),
@@ -797,4 +807,68 @@ fn a_values_file_written_for_istios_charts_renders() {
         .and_then(|r| r.requests.as_ref())
         .expect("requests");
     assert_eq!(requests["memory"].0, "256Mi");
+}
+
+#[test]
+fn istiod_renders_the_injector_webhooks_and_the_configuration_it_reads() {
+    let rendered = render(
+        "istiod",
+        json!({"global": {"hub": "registry.example/mesh", "tag": "2.0"}}),
+    );
+    let webhook = rendered
+        .get("MutatingWebhookConfiguration", "istio-sidecar-injector")
+        .expect("the injector's webhook configuration");
+    let hooks = webhook.value["webhooks"].as_array().expect("webhooks");
+    let names: Vec<&str> = hooks.iter().filter_map(|h| h["name"].as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "rev.namespace.sidecar-injector.istio.io",
+            "rev.object.sidecar-injector.istio.io",
+            "namespace.sidecar-injector.istio.io",
+            "object.sidecar-injector.istio.io"
+        ]
+    );
+    for hook in hooks {
+        assert_eq!(hook["clientConfig"]["service"]["path"], "/inject");
+        assert_eq!(hook["clientConfig"]["service"]["port"], 443);
+        assert_eq!(hook["failurePolicy"], "Fail");
+        assert_eq!(hook["rules"][0]["resources"], json!(["pods"]));
+    }
+    assert_eq!(
+        hooks[2]["namespaceSelector"]["matchExpressions"][0],
+        json!({"key": "istio-injection", "operator": "In", "values": ["enabled"]})
+    );
+    // A revision has only its own two webhooks and its own names.
+    let canary = render("istiod", json!({"revision": "canary"}));
+    let webhook = canary
+        .get(
+            "MutatingWebhookConfiguration",
+            "istio-sidecar-injector-canary",
+        )
+        .expect("the canary injector");
+    assert_eq!(webhook.value["webhooks"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        webhook.value["webhooks"][0]["clientConfig"]["service"]["name"],
+        "istiod-canary"
+    );
+
+    // The ConfigMap istiod mounts holds values the injector reads as Istio's names.
+    let config = rendered
+        .get("ConfigMap", "istio-sidecar-injector")
+        .expect("the injector's ConfigMap");
+    let values: Value =
+        serde_json::from_str(config.value["data"]["values"].as_str().expect("values"))
+            .expect("JSON values");
+    let inject = mesh_inject::InjectConfig::from_values(&values);
+    assert_eq!(inject.image(), "registry.example/mesh/proxyv2:2.0");
+    assert_eq!(inject.ca_address, "istiod.istio-system.svc:15012");
+    assert_eq!(config.value["data"]["config"], "policy: enabled");
+    let deployment = rendered.get("Deployment", "istiod").expect("istiod");
+    let mounts = deployment.value["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        .as_array()
+        .expect("mounts");
+    assert!(mounts
+        .iter()
+        .any(|m| m["name"] == "inject" && m["mountPath"] == "/var/lib/istio/inject"));
 }

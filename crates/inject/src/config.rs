@@ -87,7 +87,10 @@ impl InjectConfig {
             tag: text(&g["tag"], env!("CARGO_PKG_VERSION")),
             proxy_image: text(&g["proxy"]["image"], "proxyv2"),
             revision,
-            ca_address: text(&g["caAddress"], &format!("{istiod}.{istio_namespace}.svc:15012")),
+            ca_address: text(
+                &g["caAddress"],
+                &format!("{istiod}.{istio_namespace}.svc:15012"),
+            ),
             istio_namespace,
             pilot_cert_provider: text(&g["pilotCertProvider"], "istiod"),
             cluster_id: text(&g["multiCluster"]["clusterName"], "Kubernetes"),
@@ -107,7 +110,10 @@ impl InjectConfig {
                 Some("disabled") => Policy::Disabled,
                 _ => Policy::Enabled,
             },
-            rewrite_probes: flag(&values["sidecarInjectorWebhook"]["rewriteAppHTTPProbe"], true),
+            rewrite_probes: flag(
+                &values["sidecarInjectorWebhook"]["rewriteAppHTTPProbe"],
+                true,
+            ),
             hold_application: flag(&g["proxy"]["holdApplicationUntilProxyStarts"], false),
             token_audience: text(&g["sds"]["token"]["aud"], "istio-ca"),
             resources: match &g["proxy"]["resources"] {

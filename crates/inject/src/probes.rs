@@ -46,7 +46,8 @@ pub fn rewrite(
                 continue;
             };
             let path = format!("/app-health/{name}/{suffix}");
-            if probe["httpGet"]["path"] == path.as_str() && probe["httpGet"]["port"] == status_port {
+            if probe["httpGet"]["path"] == path.as_str() && probe["httpGet"]["port"] == status_port
+            {
                 if let Some(original) = previous.get(&path) {
                     probers.insert(path, original.clone());
                 }
@@ -94,13 +95,16 @@ mod tests {
 
     #[test]
     fn http_tcp_and_grpc_probes_go_through_the_agent_and_exec_stays() {
-        let mut containers = vec![json!({
-            "name": "web",
-            "ports": [{"name": "http", "containerPort": 8080}],
-            "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "timeoutSeconds": 2},
-            "livenessProbe": {"tcpSocket": {"port": 8080}},
-            "startupProbe": {"grpc": {"port": 9090}},
-        }), json!({"name": "sidecar-ish", "livenessProbe": {"exec": {"command": ["true"]}}})];
+        let mut containers = vec![
+            json!({
+                "name": "web",
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "timeoutSeconds": 2},
+                "livenessProbe": {"tcpSocket": {"port": 8080}},
+                "startupProbe": {"grpc": {"port": 9090}},
+            }),
+            json!({"name": "sidecar-ish", "livenessProbe": {"exec": {"command": ["true"]}}}),
+        ];
         let probers = rewrite(&mut containers, 15020, &Map::new());
         assert_eq!(
             Value::Object(probers),

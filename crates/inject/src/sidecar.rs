@@ -107,8 +107,8 @@ struct Previous {
 /// app's own scrape annotations, so injecting again gives what injecting once gave.
 fn strip(pod: &mut Value, status_port: u16) -> Previous {
     let mut previous = Previous::default();
-    let Some(status) = annotation(pod, label::SIDECAR_STATUS)
-        .and_then(|s| serde_json::from_str::<Value>(s).ok())
+    let Some(status) =
+        annotation(pod, label::SIDECAR_STATUS).and_then(|s| serde_json::from_str::<Value>(s).ok())
     else {
         return previous;
     };
@@ -124,9 +124,8 @@ fn strip(pod: &mut Value, status_port: u16) -> Previous {
         .as_array()
         .and_then(|c| c.iter().find(|c| c["name"] == PROXY))
     {
-        let recorded = |name: &str| {
-            serde_json::from_str::<Map<String, Value>>(env_value(proxy, name)?).ok()
-        };
+        let recorded =
+            |name: &str| serde_json::from_str::<Map<String, Value>>(env_value(proxy, name)?).ok();
         previous.probers = recorded("ISTIO_KUBE_APP_PROBERS").unwrap_or_default();
         previous.prometheus = recorded("ISTIO_PROMETHEUS_ANNOTATIONS");
     }
@@ -142,7 +141,9 @@ fn strip(pod: &mut Value, status_port: u16) -> Previous {
     }
     let mut annotations = map_of(&pod["metadata"]["annotations"]);
     annotations.remove(label::SIDECAR_STATUS);
-    if annotations.get("prometheus.io/port").and_then(Value::as_str)
+    if annotations
+        .get("prometheus.io/port")
+        .and_then(Value::as_str)
         == Some(status_port.to_string().as_str())
     {
         for key in ["scrape", "path", "port"] {
@@ -217,7 +218,10 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
     if !probers.is_empty() {
         push_env(
             &mut proxy,
-            value_env("ISTIO_KUBE_APP_PROBERS", &Value::Object(probers).to_string()),
+            value_env(
+                "ISTIO_KUBE_APP_PROBERS",
+                &Value::Object(probers).to_string(),
+            ),
         );
     }
     prometheus_merge(&mut pod, &mut proxy, status_port);
@@ -233,7 +237,10 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
         }
     }
     let init_name = init["name"].as_str().unwrap_or_default().to_string();
-    let mut inits = spec["initContainers"].as_array().cloned().unwrap_or_default();
+    let mut inits = spec["initContainers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     if cfg.cni {
         inits.insert(0, init);
     } else {
@@ -334,7 +341,10 @@ fn proxy_container(
         field_env("HOST_IP", "status.hostIP"),
         resource_env("ISTIO_CPU_LIMIT", "limits.cpu"),
         value_env("PROXY_CONFIG", &cfg.proxy_config.to_string()),
-        value_env("ISTIO_META_POD_PORTS", &Value::Array(ports.to_vec()).to_string()),
+        value_env(
+            "ISTIO_META_POD_PORTS",
+            &Value::Array(ports.to_vec()).to_string(),
+        ),
         value_env("ISTIO_META_APP_CONTAINERS", &app_names.join(",")),
         resource_env("GOMEMLIMIT", "limits.memory"),
         resource_env("GOMAXPROCS", "limits.cpu"),
@@ -525,7 +535,10 @@ fn prometheus_merge(pod: &mut Value, proxy: &mut Value, status_port: u16) {
     if !app.is_empty() {
         push_env(
             proxy,
-            value_env("ISTIO_PROMETHEUS_ANNOTATIONS", &Value::Object(app).to_string()),
+            value_env(
+                "ISTIO_PROMETHEUS_ANNOTATIONS",
+                &Value::Object(app).to_string(),
+            ),
         );
     }
     let mut annotations = map_of(&pod["metadata"]["annotations"]);

@@ -31,8 +31,8 @@
 //! admission, no authorization (every request is allowed; only access reviews answer from the
 //! deny list), each served version of a CRD holds its own objects (no conversion), and no
 //! controllers but those of `controllers` (CRDs; rollouts only when
-//! [`FakeApiServer::simulate_rollouts`] is on). Deleting a namespace deletes it at once, with
-//! the objects in it.
+//! [`FakeApiServer::simulate_rollouts`] is on). Deleting a namespace removes it at once and its
+//! objects just after (the real server keeps it `Terminating` until they are gone).
 
 mod apply;
 mod controllers;

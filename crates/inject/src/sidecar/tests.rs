@@ -27,10 +27,15 @@ fn env<'a>(container: &'a Value, name: &str) -> &'a Value {
 
 #[test]
 fn a_pod_gets_the_proxy_init_step_volumes_labels_and_status() {
-    let cfg = InjectConfig::from_values(&json!({"global": {"hub": "registry.example/mesh", "tag": "1.0"}}));
+    let cfg = InjectConfig::from_values(
+        &json!({"global": {"hub": "registry.example/mesh", "tag": "1.0"}}),
+    );
     let workload = Workload::of_pod(&pod(), "shop");
     assert_eq!(workload.name, "web");
-    assert_eq!(workload.owner, "kubernetes://apis/apps/v1/namespaces/shop/deployments/web");
+    assert_eq!(
+        workload.owner,
+        "kubernetes://apis/apps/v1/namespaces/shop/deployments/web"
+    );
     let out = inject(&pod(), &workload, &cfg).expect("inject");
     let containers = out["spec"]["containers"].as_array().expect("containers");
     assert_eq!(containers.len(), 2);
@@ -48,7 +53,10 @@ fn a_pod_gets_the_proxy_init_step_volumes_labels_and_status() {
         env(proxy, "ISTIO_KUBE_APP_PROBERS"),
         r#"{"/app-health/web/readyz":{"httpGet":{"path":"/ready","port":8080}}}"#
     );
-    assert_eq!(env(proxy, "ISTIO_PROMETHEUS_ANNOTATIONS"), r#"{"port":"9100"}"#);
+    assert_eq!(
+        env(proxy, "ISTIO_PROMETHEUS_ANNOTATIONS"),
+        r#"{"port":"9100"}"#
+    );
     assert_eq!(
         containers[0]["readinessProbe"]["httpGet"],
         json!({"path": "/app-health/web/readyz", "port": 15020, "scheme": "HTTP"})
@@ -57,11 +65,31 @@ fn a_pod_gets_the_proxy_init_step_volumes_labels_and_status() {
     assert_eq!(init["name"], "istio-init");
     assert_eq!(
         init["args"],
-        json!(["istio-iptables", "-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT",
-               "-i", "*", "-x", "", "-b", "*", "-d", "15090,15021,15020",
-               "--log_output_level=default:info"])
+        json!([
+            "istio-iptables",
+            "-p",
+            "15001",
+            "-z",
+            "15006",
+            "-u",
+            "1337",
+            "-m",
+            "REDIRECT",
+            "-i",
+            "*",
+            "-x",
+            "",
+            "-b",
+            "*",
+            "-d",
+            "15090,15021,15020",
+            "--log_output_level=default:info"
+        ])
     );
-    assert_eq!(init["securityContext"]["capabilities"]["add"], json!(["NET_ADMIN", "NET_RAW"]));
+    assert_eq!(
+        init["securityContext"]["capabilities"]["add"],
+        json!(["NET_ADMIN", "NET_RAW"])
+    );
     let volumes: Vec<&str> = out["spec"]["volumes"]
         .as_array()
         .expect("volumes")
@@ -71,7 +99,9 @@ fn a_pod_gets_the_proxy_init_step_volumes_labels_and_status() {
     assert_eq!(volumes[0], "data");
     assert!(volumes.contains(&"istio-token") && volumes.contains(&"istiod-ca-cert"));
     let status: Value = serde_json::from_str(
-        out["metadata"]["annotations"]["sidecar.istio.io/status"].as_str().expect("status"),
+        out["metadata"]["annotations"]["sidecar.istio.io/status"]
+            .as_str()
+            .expect("status"),
     )
     .expect("json");
     assert_eq!(status["containers"], json!(["istio-proxy"]));
@@ -104,7 +134,9 @@ fn injecting_twice_is_injecting_once_and_the_patch_replays() {
 
 #[test]
 fn with_cni_the_init_step_only_validates_and_annotations_tune_capture() {
-    let cfg = InjectConfig::from_values(&json!({"pilot": {"cni": {"enabled": true}}, "revision": "canary"}));
+    let cfg = InjectConfig::from_values(
+        &json!({"pilot": {"cni": {"enabled": true}}, "revision": "canary"}),
+    );
     let mut p = pod();
     p["metadata"]["annotations"] = json!({
         "traffic.sidecar.istio.io/excludeOutboundIPRanges": "10.0.0.0/8",
@@ -116,16 +148,37 @@ fn with_cni_the_init_step_only_validates_and_annotations_tune_capture() {
     let out = inject(&p, &Workload::of_pod(&p, "shop"), &cfg).expect("inject");
     let init = &out["spec"]["initContainers"][0];
     assert_eq!(init["name"], "istio-validation");
-    let args: Vec<&str> = init["args"].as_array().expect("args").iter().filter_map(Value::as_str).collect();
-    assert!(args.windows(2).any(|w| w == ["-x", "10.0.0.0/8"]), "{args:?}");
-    assert!(args.windows(2).any(|w| w == ["-d", "9000,15090,15021,15020"]), "{args:?}");
+    let args: Vec<&str> = init["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        args.windows(2).any(|w| w == ["-x", "10.0.0.0/8"]),
+        "{args:?}"
+    );
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["-d", "9000,15090,15021,15020"]),
+        "{args:?}"
+    );
     assert!(args.windows(2).any(|w| w == ["-o", "5432"]), "{args:?}");
     assert!(args.ends_with(&["--run-validation", "--skip-rule-apply"]));
     assert_eq!(init["securityContext"]["runAsUser"], 1337);
-    assert_eq!(out["metadata"]["annotations"]["prometheus.io/scrape"], "false");
-    assert_eq!(out["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"], "http");
+    assert_eq!(
+        out["metadata"]["annotations"]["prometheus.io/scrape"],
+        "false"
+    );
+    assert_eq!(
+        out["spec"]["containers"][0]["readinessProbe"]["httpGet"]["port"],
+        "http"
+    );
     let proxy = &out["spec"]["containers"][1];
-    assert_eq!(env(proxy, "CA_ADDR"), "istiod-canary.istio-system.svc:15012");
+    assert_eq!(
+        env(proxy, "CA_ADDR"),
+        "istiod-canary.istio-system.svc:15012"
+    );
     assert_eq!(out["metadata"]["annotations"]["istio.io/rev"], "canary");
 }
 
@@ -138,22 +191,62 @@ fn bad_input_is_named() {
     let mut p = pod();
     p["metadata"]["annotations"]["sidecar.istio.io/interceptionMode"] = json!("MAGIC");
     let err = inject(&p, &w, &cfg).expect_err("bad mode");
-    assert!(err.to_string().contains("sidecar.istio.io/interceptionMode is \"MAGIC\""), "{err}");
+    assert!(
+        err.to_string()
+            .contains("sidecar.istio.io/interceptionMode is \"MAGIC\""),
+        "{err}"
+    );
     p["metadata"]["annotations"] = json!({"status.sidecar.istio.io/port": "http"});
-    assert_eq!(inject(&p, &w, &cfg).expect_err("bad port").reason(), "bad_annotation");
+    assert_eq!(
+        inject(&p, &w, &cfg).expect_err("bad port").reason(),
+        "bad_annotation"
+    );
 }
 
 #[test]
 fn decisions_follow_the_label_then_the_annotation_then_the_policy() {
     let p = |labels: Value, annotations: Value| json!({"metadata": {"labels": labels, "annotations": annotations}, "spec": {}});
     let inject_label = |v: &str| json!({"sidecar.istio.io/inject": v});
-    assert_eq!(decide(&p(json!({}), json!({})), "shop", Policy::Enabled), Decision::Inject);
-    assert!(matches!(decide(&p(json!({}), json!({})), "shop", Policy::Disabled), Decision::Skip(_)));
-    assert_eq!(decide(&p(inject_label("true"), json!({})), "shop", Policy::Disabled), Decision::Inject);
-    assert!(matches!(decide(&p(inject_label("false"), inject_label("true")), "shop", Policy::Enabled), Decision::Skip(_)));
-    assert_eq!(decide(&p(json!({}), inject_label("true")), "shop", Policy::Disabled), Decision::Inject);
-    assert!(matches!(decide(&p(json!({}), json!({})), "kube-system", Policy::Enabled), Decision::Skip(_)));
+    assert_eq!(
+        decide(&p(json!({}), json!({})), "shop", Policy::Enabled),
+        Decision::Inject
+    );
+    assert!(matches!(
+        decide(&p(json!({}), json!({})), "shop", Policy::Disabled),
+        Decision::Skip(_)
+    ));
+    assert_eq!(
+        decide(
+            &p(inject_label("true"), json!({})),
+            "shop",
+            Policy::Disabled
+        ),
+        Decision::Inject
+    );
+    assert!(matches!(
+        decide(
+            &p(inject_label("false"), inject_label("true")),
+            "shop",
+            Policy::Enabled
+        ),
+        Decision::Skip(_)
+    ));
+    assert_eq!(
+        decide(
+            &p(json!({}), inject_label("true")),
+            "shop",
+            Policy::Disabled
+        ),
+        Decision::Inject
+    );
+    assert!(matches!(
+        decide(&p(json!({}), json!({})), "kube-system", Policy::Enabled),
+        Decision::Skip(_)
+    ));
     let mut host = p(json!({}), json!({}));
     host["spec"]["hostNetwork"] = json!(true);
-    assert!(matches!(decide(&host, "shop", Policy::Enabled), Decision::Skip(_)));
+    assert!(matches!(
+        decide(&host, "shop", Policy::Enabled),
+        Decision::Skip(_)
+    ));
 }

@@ -6,7 +6,9 @@
 //! - **Rollouts** (the Deployment and DaemonSet controllers with the kubelet), when turned on:
 //!   every Deployment or DaemonSet whose `status.observedGeneration` lags its generation gets
 //!   the status of a finished rollout (all replicas updated, ready and available; a DaemonSet
-//!   is scheduled on every Node object).
+//!   is scheduled on every Node object, again whenever Nodes come or go).
+//! - **Namespaces** (the namespace controller): deleting one deletes the objects in it, just
+//!   after the namespace itself is gone (the real server keeps it `Terminating` until then).
 
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -106,7 +108,28 @@ pub async fn run(shared: Arc<Shared>) {
     loop {
         let ev = match rx.recv().await {
             Ok(ev) => ev,
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                // Missed events: catch up on everything that may be waiting.
+                let pending: Vec<String> = {
+                    let store = lock(&shared.store);
+                    store
+                        .list(&crd_key(), &Default::default())
+                        .iter()
+                        .filter(|c| !is_established(c))
+                        .filter_map(|c| c["metadata"]["name"].as_str().map(str::to_string))
+                        .collect()
+                };
+                for name in pending {
+                    let ev = establish(&mut lock(&shared.store), &name);
+                    if let Some(ev) = ev {
+                        let _ = shared.events.send(ev);
+                    }
+                }
+                if *lock(&shared.rollouts) {
+                    roll_out_all(&shared);
+                }
+                continue;
+            }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         };
         if ev.resource == crd_key() {
@@ -121,6 +144,12 @@ pub async fn run(shared: Arc<Shared>) {
             }
         } else if ev.kind != "DELETED" && is_workload(&ev.resource) && *lock(&shared.rollouts) {
             roll_out(&shared, &ev.resource, &ev.namespace, &ev.object);
+        } else if ev.kind != "MODIFIED"
+            && ev.resource == resource_key("", "v1", "nodes")
+            && *lock(&shared.rollouts)
+        {
+            // DaemonSets follow the nodes.
+            roll_out_all(&shared);
         }
     }
 }
@@ -145,11 +174,7 @@ async fn crd_changed(shared: &Arc<Shared>, ev: &WatchEvent) {
         }
         return;
     }
-    let established = ev.object["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == json!("Established") && c["status"] == json!("True"));
+    let established = is_established(&ev.object);
     if established
         && ev.kind == "MODIFIED"
         && ev.previous.as_ref().map(|p| &p["spec"]) == Some(&ev.object["spec"])
@@ -170,11 +195,28 @@ async fn crd_changed(shared: &Arc<Shared>, ev: &WatchEvent) {
     });
 }
 
+fn is_established(crd: &Value) -> bool {
+    crd["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == json!("Established") && c["status"] == json!("True"))
+}
+
 /// Accepts the CRD's names, serves its versions and marks it Established.
 fn establish(store: &mut Store, name: &str) -> Option<WatchEvent> {
     let key = crd_key();
     let crd = store.get(&key, "", name).ok()?;
-    for t in served_types(&crd) {
+    let served = served_types(&crd);
+    // Versions the CRD no longer serves stop being served (their objects stay stored, as
+    // etcd keeps them, but are unreachable).
+    let group = crd["spec"]["group"].as_str().unwrap_or_default();
+    let plural = crd["spec"]["names"]["plural"].as_str().unwrap_or_default();
+    store.types.retain(|_, t| {
+        !(t.custom && t.group == group && t.plural == plural)
+            || served.iter().any(|s| s.version == t.version)
+    });
+    for t in served {
         store.types.insert(t.key(), t);
     }
     let names = &crd["spec"]["names"];
@@ -264,7 +306,13 @@ fn roll_out(shared: &Shared, resource: &str, ns: &str, object: &Value) {
         return;
     };
     let generation = current["metadata"]["generation"].clone();
-    if current["status"]["observedGeneration"] == generation {
+    let nodes = store
+        .list(&resource_key("", "v1", "nodes"), &Default::default())
+        .len();
+    let daemonset = resource.ends_with("/daemonsets");
+    let settled = current["status"]["observedGeneration"] == generation
+        && (!daemonset || current["status"]["desiredNumberScheduled"] == json!(nodes));
+    if settled {
         return;
     }
     let mut next = current.clone();
@@ -279,9 +327,6 @@ fn roll_out(shared: &Shared, resource: &str, ns: &str, object: &Value) {
             ],
         })
     } else {
-        let nodes = store
-            .list(&resource_key("", "v1", "nodes"), &Default::default())
-            .len();
         json!({
             "observedGeneration": generation, "desiredNumberScheduled": nodes,
             "currentNumberScheduled": nodes, "updatedNumberScheduled": nodes,

@@ -238,6 +238,10 @@ impl Store {
                 o.remove("status");
             }
         }
+        if rt.group.is_empty() && rt.plural == "namespaces" {
+            // A new namespace is Active (what its status strategy sets).
+            obj["status"] = json!({"phase": "Active"});
+        }
         self.bump(&mut obj);
         self.objects
             .entry(key.to_string())
