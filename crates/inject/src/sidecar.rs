@@ -447,9 +447,9 @@ fn init_container(pod: &Value, cfg: &InjectConfig, status_port: u16) -> Result<V
     let mut args: Vec<String> = vec![
         "istio-iptables".into(),
         "-p".into(),
-        "15001".into(),
+        mesh_capture::OUTBOUND_CAPTURE_PORT.to_string(),
         "-z".into(),
-        "15006".into(),
+        mesh_capture::INBOUND_CAPTURE_PORT.to_string(),
         "-u".into(),
         PROXY_UID.to_string(),
         "-m".into(),
