@@ -123,21 +123,30 @@ pub async fn get_from_pod(
                 detail: "no stream for the port".into(),
             })?;
         let refused = forwarder.take_error(port);
-        let answer = exchange(stream, &target, &format!("localhost:{port}"), path).await;
-        if answer.is_err() {
-            // The kubelet says on the error channel why the pod's port could not be reached.
+        let host = format!("localhost:{port}");
+        let exchanged = exchange(stream, &target, &host, path);
+        // The kubelet says on the error channel why the pod's port could not be reached; that
+        // reason beats the exchange's own failure (which is then only "closed early").
+        // Resolves only with a reason: a closed error channel without one never does.
+        let refusal = async {
             if let Some(refused) = refused {
-                if let Ok(Some(detail)) =
-                    tokio::time::timeout(Duration::from_millis(200), refused).await
-                {
-                    forwarder.abort();
-                    return Err(HttpError::PortForward {
-                        target: target.clone(),
-                        detail,
-                    });
+                if let Some(detail) = refused.await {
+                    return detail;
                 }
             }
-        }
+            std::future::pending::<String>().await
+        };
+        tokio::pin!(exchanged, refusal);
+        let answer = tokio::select! {
+            answer = &mut exchanged => match answer {
+                Ok(body) => Ok(body),
+                Err(e) => match tokio::time::timeout(Duration::from_secs(1), &mut refusal).await {
+                    Ok(detail) => Err(HttpError::PortForward { target: target.clone(), detail }),
+                    Err(_) => Err(e),
+                },
+            },
+            detail = &mut refusal => Err(HttpError::PortForward { target: target.clone(), detail }),
+        };
         forwarder.abort();
         answer
     };

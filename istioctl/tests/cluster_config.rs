@@ -52,7 +52,18 @@ struct Cluster {
 }
 
 async fn cluster() -> Cluster {
-    let api = FakeApiServer::start(core_types()).await.expect("fake API");
+    cluster_serving(core_types()).await
+}
+
+/// A cluster that also serves the Istio and Gateway API CRDs.
+async fn cluster_with_crds() -> Cluster {
+    let mut types = core_types();
+    types.extend(mesh_testutil::kube_api::mesh_crd_types());
+    cluster_serving(types).await
+}
+
+async fn cluster_serving(types: Vec<mesh_testutil::kube_api::ResourceType>) -> Cluster {
+    let api = FakeApiServer::start(types).await.expect("fake API");
     for ns in ["istio-system", "default"] {
         api.seed(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
             .expect("namespace");
@@ -274,17 +285,7 @@ static_resources:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn analyze_reads_the_live_cluster_with_files_laid_over_it() {
-    let mut types = core_types();
-    types.extend(mesh_testutil::kube_api::mesh_crd_types());
-    let api = FakeApiServer::start(types).await.expect("fake API");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig()).expect("kubeconfig");
-    let c = Cluster {
-        api,
-        dir,
-        kubeconfig,
-    };
+    let c = cluster_with_crds().await;
     for (ns, labels) in [
         ("default", json!({"istio.io/dataplane-mode": "ambient"})),
         ("shop", json!({"istio.io/dataplane-mode": "ambient"})),
@@ -346,17 +347,7 @@ async fn analyze_reads_the_live_cluster_with_files_laid_over_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waypoints_are_applied_listed_awaited_and_deleted_in_a_cluster() {
-    let mut types = core_types();
-    types.extend(mesh_testutil::kube_api::mesh_crd_types());
-    let api = FakeApiServer::start(types).await.expect("fake API");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig()).expect("kubeconfig");
-    let c = Cluster {
-        api,
-        dir,
-        kubeconfig,
-    };
+    let c = cluster_with_crds().await;
     c.api
         .seed(json!({"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": "shop", "labels": {"istio.io/dataplane-mode": "ambient"}}}))
