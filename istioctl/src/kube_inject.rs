@@ -81,6 +81,9 @@ pub fn config(args: &KubeInjectArgs) -> Result<InjectConfig, KubeInjectError> {
     if !values.is_object() {
         values = Value::Object(Default::default());
     }
+    if !values["meshConfig"].is_object() {
+        values["meshConfig"] = Value::Object(Default::default());
+    }
     if let Some(p) = &args.mesh_config_file {
         let mesh = yaml(p, &read(p)?)?;
         for key in ["trustDomain", "defaultConfig"] {
@@ -92,7 +95,10 @@ pub fn config(args: &KubeInjectArgs) -> Result<InjectConfig, KubeInjectError> {
     if let Some(r) = &args.revision {
         values["revision"] = Value::String(r.clone());
     }
-    Ok(InjectConfig::from_values(&values))
+    let mut cfg = InjectConfig::from_values(&values);
+    // As Istio's kube-inject: the files given are injected whatever the cluster's policy.
+    cfg.policy = mesh_inject::Policy::Enabled;
+    Ok(cfg)
 }
 
 /// Where a kind keeps its pod template.
@@ -139,7 +145,16 @@ fn inject_object(
     let api_version = object["apiVersion"].as_str().unwrap_or("v1").to_string();
     let mut template = &mut *object;
     for key in path {
-        template = &mut template[*key];
+        match template.get_mut(*key) {
+            Some(next) => template = next,
+            None => {
+                skipped.push(format!(
+                    "{kind} {namespace}/{name}: it has no {}",
+                    path.join(".")
+                ));
+                return Ok(());
+            }
+        }
     }
     if let Decision::Skip(why) = decide(template, &namespace, cfg.policy) {
         skipped.push(format!("{kind} {namespace}/{name}: {why}"));

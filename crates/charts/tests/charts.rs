@@ -811,9 +811,15 @@ fn a_values_file_written_for_istios_charts_renders() {
 
 #[test]
 fn istiod_renders_the_injector_webhooks_and_the_configuration_it_reads() {
+    let off = render("istiod", json!({}));
+    assert!(
+        off.of_kind("MutatingWebhookConfiguration").next().is_none(),
+        "the injector's webhooks are off by default"
+    );
     let rendered = render(
         "istiod",
-        json!({"global": {"hub": "registry.example/mesh", "tag": "2.0"}}),
+        json!({"global": {"hub": "registry.example/mesh", "tag": "2.0"},
+               "sidecarInjectorWebhook": {"enabled": true}}),
     );
     let webhook = rendered
         .get("MutatingWebhookConfiguration", "istio-sidecar-injector")
@@ -840,7 +846,11 @@ fn istiod_renders_the_injector_webhooks_and_the_configuration_it_reads() {
         json!({"key": "istio-injection", "operator": "In", "values": ["enabled"]})
     );
     // A revision has only its own two webhooks and its own names.
-    let canary = render("istiod", json!({"revision": "canary"}));
+    let canary = render(
+        "istiod",
+        json!({"revision": "canary",
+               "sidecarInjectorWebhook": {"enabled": true, "enableNamespacesByDefault": true}}),
+    );
     let webhook = canary
         .get(
             "MutatingWebhookConfiguration",

@@ -1,7 +1,8 @@
 //! Which pods get a sidecar, as Istio's webhook decides once the webhook's selectors have let
 //! the pod through: never host-network pods or pods of the system namespaces; the pod's
-//! `sidecar.istio.io/inject` label (or, without it, the annotation of that name) says `true` or
-//! `false`; saying nothing (or anything else) follows the policy.
+//! `sidecar.istio.io/inject` label (or, without it, the annotation of that name) says `true`
+//! (or `y`, `yes`, `on`, in any case) or anything else (`false`); saying nothing follows the
+//! policy.
 
 use serde_json::Value;
 
@@ -34,13 +35,16 @@ pub fn decide(pod: &Value, namespace: &str, policy: Policy) -> Decision {
     let said = pod["metadata"]["labels"][key]
         .as_str()
         .or_else(|| pod["metadata"]["annotations"][key].as_str())
-        .unwrap_or_default();
-    match (said, policy) {
-        ("true", _) => Decision::Inject,
-        ("false", _) => Decision::Skip(format!("{key} is \"false\"")),
-        (_, Policy::Enabled) => Decision::Inject,
-        (_, Policy::Disabled) => Decision::Skip(format!(
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    // As Istio reads it: y, yes, true or on inject; any other value does not; none (or an
+    // empty one) leaves it to the policy.
+    match (said.as_str(), policy) {
+        ("y" | "yes" | "true" | "on", _) => Decision::Inject,
+        ("", Policy::Enabled) => Decision::Inject,
+        ("", Policy::Disabled) => Decision::Skip(format!(
             "the injection policy is disabled and the pod does not set {key}: \"true\""
         )),
+        (other, _) => Decision::Skip(format!("{key} is {other:?}")),
     }
 }

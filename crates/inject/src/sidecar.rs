@@ -62,16 +62,12 @@ impl Workload {
 
     /// The workload `kind` `name` of `api_version` in `namespace`.
     pub fn new(namespace: &str, kind: &str, api_version: &str, name: &str) -> Workload {
-        let apis = if api_version.contains('/') {
-            format!("apis/{api_version}")
-        } else {
-            format!("api/{api_version}")
-        };
+        // Istio writes `apis/` for the core group too (`kubernetes://apis/v1/...`).
         Workload {
             namespace: namespace.to_string(),
             name: name.to_string(),
             owner: format!(
-                "kubernetes://{apis}/namespaces/{namespace}/{}s/{name}",
+                "kubernetes://apis/{api_version}/namespaces/{namespace}/{}s/{name}",
                 kind.to_ascii_lowercase()
             ),
         }
@@ -168,6 +164,12 @@ fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
 /// Injects `pod` (an object with `metadata` and `spec`: a Pod, or a workload's pod template)
 /// and returns the injected pod.
 pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Value, InjectError> {
+    if !pod.is_object() {
+        return Err(InjectError::Shape {
+            field: "the pod",
+            expected: "an object",
+        });
+    }
     let mut pod = pod.clone();
     if !pod["metadata"].is_object() {
         pod["metadata"] = json!({});
@@ -192,6 +194,14 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
         .filter(|c| !c.is_empty())
         .ok_or(InjectError::NoContainers)?
         .clone();
+    if containers.iter().any(|c| c["name"] == PROXY) {
+        // Istio merges a pod's own istio-proxy into its template (custom injection); this
+        // injector has no templates to merge with.
+        return Err(InjectError::Shape {
+            field: "spec.containers",
+            expected: "free of a container named istio-proxy (custom injection templates are not supported)",
+        });
+    }
     let app_names: Vec<String> = containers
         .iter()
         .filter_map(|c| c["name"].as_str().map(str::to_string))
@@ -236,17 +246,20 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
             items.push(proxy);
         }
     }
-    let init_name = init["name"].as_str().unwrap_or_default().to_string();
-    let mut inits = spec["initContainers"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    if cfg.cni {
-        inits.insert(0, init);
-    } else {
-        inits.push(init);
+    let mut init_names = Vec::new();
+    if let Some(init) = init {
+        init_names.push(init["name"].clone());
+        let mut inits = spec["initContainers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if cfg.cni {
+            inits.insert(0, init);
+        } else {
+            inits.push(init);
+        }
+        spec["initContainers"] = Value::Array(inits);
     }
-    spec["initContainers"] = Value::Array(inits);
     let added_volumes = volumes(cfg);
     let volume_names: Vec<Value> = added_volumes.iter().map(|v| v["name"].clone()).collect();
     let mut all_volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
@@ -254,7 +267,7 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
     spec["volumes"] = Value::Array(all_volumes);
 
     let status = json!({
-        "initContainers": [init_name],
+        "initContainers": init_names,
         "containers": [PROXY],
         "volumes": volume_names,
         "imagePullSecrets": null,
@@ -363,7 +376,11 @@ fn proxy_container(
     ]);
     if let Some(Value::Object(metadata)) = cfg.proxy_config.get("proxyMetadata") {
         for (k, v) in metadata {
-            env.push(value_env(k, v.as_str().unwrap_or_default()));
+            let v = match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            env.push(value_env(k, &v));
         }
     }
     let level = |key: &str, default: &str| annotation(pod, key).unwrap_or(default).to_string();
@@ -418,19 +435,28 @@ fn proxy_container(
 
 /// `istio-init` (capture set up in the pod, as root with NET_ADMIN / NET_RAW), or with
 /// cni-node `istio-validation` (checks the capture cni-node set up, as the proxy's user).
-fn init_container(pod: &Value, cfg: &InjectConfig, status_port: u16) -> Result<Value, InjectError> {
+fn init_container(
+    pod: &Value,
+    cfg: &InjectConfig,
+    status_port: u16,
+) -> Result<Option<Value>, InjectError> {
     let traffic = |key: &str, default: &str| {
         annotation(pod, &format!("{ANN_TRAFFIC}{key}"))
             .unwrap_or(default)
             .to_string()
     };
     let interception = annotation(pod, "sidecar.istio.io/interceptionMode").unwrap_or("REDIRECT");
-    if !matches!(interception, "REDIRECT" | "TPROXY") {
-        return Err(InjectError::BadAnnotation {
-            annotation: "sidecar.istio.io/interceptionMode".into(),
-            value: interception.into(),
-            why: "this mesh captures with REDIRECT or TPROXY".into(),
-        });
+    match interception {
+        "REDIRECT" | "TPROXY" => {}
+        // No capture: no init step, as Istio's.
+        "NONE" => return Ok(None),
+        _ => {
+            return Err(InjectError::BadAnnotation {
+                annotation: "sidecar.istio.io/interceptionMode".into(),
+                value: interception.into(),
+                why: "expected REDIRECT, TPROXY or NONE".into(),
+            })
+        }
     }
     let mut excluded_inbound: Vec<String> = traffic("excludeInboundPorts", "")
         .split(',')
@@ -476,7 +502,7 @@ fn init_container(pod: &Value, cfg: &InjectConfig, status_port: u16) -> Result<V
     }
     args.push(format!("--log_output_level={}", cfg.agent_log_level));
     let image = cfg.image();
-    Ok(if cfg.cni {
+    Ok(Some(if cfg.cni {
         args.push("--run-validation".into());
         args.push("--skip-rule-apply".into());
         json!({
@@ -499,7 +525,7 @@ fn init_container(pod: &Value, cfg: &InjectConfig, status_port: u16) -> Result<V
                 "runAsGroup": 0, "runAsNonRoot": false, "runAsUser": 0,
             },
         })
-    })
+    }))
 }
 
 fn volumes(cfg: &InjectConfig) -> Vec<Value> {

@@ -189,6 +189,19 @@ fn bad_input_is_named() {
     let err = inject(&json!({"spec": {"containers": []}}), &w, &cfg).expect_err("no containers");
     assert_eq!(err.to_string(), "the pod spec has no containers");
     let mut p = pod();
+    let mut own = pod();
+    own["spec"]["containers"][0]["name"] = json!("istio-proxy");
+    assert!(inject(&own, &w, &cfg)
+        .expect_err("own proxy")
+        .to_string()
+        .contains("istio-proxy"));
+    assert_eq!(
+        inject(&json!(5), &w, &cfg).expect_err("scalar").reason(),
+        "shape"
+    );
+    p["metadata"]["annotations"]["sidecar.istio.io/interceptionMode"] = json!("NONE");
+    let none = inject(&p, &w, &cfg).expect("no capture");
+    assert_eq!(none["spec"]["initContainers"], json!(null), "no init step");
     p["metadata"]["annotations"]["sidecar.istio.io/interceptionMode"] = json!("MAGIC");
     let err = inject(&p, &w, &cfg).expect_err("bad mode");
     assert!(
