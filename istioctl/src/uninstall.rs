@@ -141,28 +141,20 @@ pub async fn run(args: &UninstallArgs) -> Result<ExitCode, UninstallError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The waypoints (Gateways of class `istio-waypoint`) matching `selector`; none when the
-/// cluster has no Gateway API.
+/// The waypoints matching `selector`, as objects to delete.
 async fn waypoints(
     cluster: &mut crate::cluster::Cluster,
     selector: &str,
 ) -> Result<Vec<Owned>, ClusterError> {
-    const GATEWAY: (&str, &str) = ("gateway.networking.k8s.io/v1", "Gateway");
-    let gateways = cluster.list(GATEWAY.0, GATEWAY.1, selector).await?;
-    Ok(gateways
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    Ok(crate::waypoint::in_cluster(cluster, selector)
+        .await?
         .iter()
-        .filter(|g| g["spec"]["gatewayClassName"] == mesh_api::WAYPOINT_CLASS)
         .map(|g| Owned {
-            api_version: GATEWAY.0.to_string(),
-            kind: GATEWAY.1.to_string(),
-            namespace: g["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            name: g["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
+            api_version: crate::waypoint::GATEWAY_API.to_string(),
+            kind: "Gateway".to_string(),
+            namespace: s(&g["metadata"]["namespace"]),
+            name: s(&g["metadata"]["name"]),
             component: String::new(),
         })
         .collect())

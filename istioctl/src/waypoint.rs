@@ -250,7 +250,22 @@ impl Place {
     }
 }
 
-const GATEWAY_API: &str = "gateway.networking.k8s.io/v1";
+/// The Gateway API version waypoints are read and written at.
+pub const GATEWAY_API: &str = "gateway.networking.k8s.io/v1";
+
+/// The cluster's waypoint Gateways (class `istio-waypoint`) matching the label `selector`, as
+/// stored; none when the cluster has no Gateway API.
+pub async fn in_cluster(
+    cluster: &mut Cluster,
+    selector: &str,
+) -> Result<Vec<serde_json::Value>, crate::cluster::ClusterError> {
+    Ok(cluster
+        .list(GATEWAY_API, "Gateway", selector)
+        .await?
+        .into_iter()
+        .filter(|g| g["spec"]["gatewayClassName"] == WAYPOINT_CLASS)
+        .collect())
+}
 /// The field manager of istioctl's writes to a cluster.
 const FIELD_MANAGER: &str = "istioctl";
 
@@ -262,11 +277,9 @@ impl Backend {
                 .into_iter()
                 .map(|(path, g)| (Some(path), g))
                 .collect()),
-            Backend::Cluster(cluster) => cluster
-                .list(GATEWAY_API, "Gateway", "")
+            Backend::Cluster(cluster) => in_cluster(cluster, "")
                 .await?
                 .into_iter()
-                .filter(|g| g["spec"]["gatewayClassName"] == WAYPOINT_CLASS)
                 .map(|g| {
                     let what = format!(
                         "{}/{}",
