@@ -131,6 +131,8 @@ pub enum AgentError {
         #[source]
         source: ZdsError,
     },
+    #[error("pod {pod}: its network namespace {} disappeared during enrollment; the capture and ztunnel's copy were undone", netns.display())]
+    NetnsGone { pod: String, netns: PathBuf },
     #[error("pod {pod}: the redirector task failed: {detail}")]
     Task { pod: String, detail: String },
     #[error(transparent)]
@@ -145,6 +147,7 @@ impl AgentError {
             AgentError::BadIp { .. } => "bad_ip",
             AgentError::Redirect { source, .. } => source.reason(),
             AgentError::Zds { source, .. } => source.reason(),
+            AgentError::NetnsGone { .. } => "netns_gone",
             AgentError::Task { .. } => "task",
             AgentError::State(e) => e.reason(),
         }

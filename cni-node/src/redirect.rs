@@ -89,8 +89,8 @@ pub enum RedirectError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot start a thread to enter the network namespace {path}: {source}; is the agent out of threads or memory?")]
-    Thread {
+    #[error("cannot note the agent's own network namespace before entering {path}: {source}; is /proc mounted?")]
+    HomeNetns {
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -113,7 +113,7 @@ impl RedirectError {
             RedirectError::Ebpf { source, .. } => source.reason(),
             RedirectError::NotNetns { .. } => "not_netns",
             RedirectError::Setns { .. } => "setns",
-            RedirectError::Thread { .. } => "thread",
+            RedirectError::HomeNetns { .. } => "home_netns",
             RedirectError::Nftables { .. } => "nftables",
         }
     }

@@ -330,6 +330,8 @@ async fn failed_enrollments_leave_nothing_behind() {
         .to_string();
     assert!(err.contains("cannot apply traffic capture"), "{err}");
     assert!(agent.record("rules").await.is_none());
+    // The ZDS add ran beside the capture: ztunnel is told to drop the pod again.
+    zt.wait_for("del uid-rules").await;
 
     // ztunnel NACKs.
     zt.nack.lock().expect("lock").insert("uid-nack".to_string());
@@ -434,7 +436,9 @@ async fn a_netns_that_vanishes_mid_enrollment_is_rolled_back_and_reported() {
         "names the pod and its netns: {err}"
     );
     // Rolled back: the node's probe set no longer lists the pod, nothing is recorded as
-    // enrolled, ztunnel was not told to add it, and the snapshot will not carry it.
+    // enrolled, ztunnel does not keep it (the ZDS add runs beside the capture, so it may have
+    // got the pod before the netns went: then it was told to delete it again), and the
+    // snapshot will not carry it.
     let set = probe_set(host.netns());
     assert!(!set.contains("10.1.0.5"), "{set}");
     let record = agent.record("vanishing").await;
@@ -442,11 +446,10 @@ async fn a_netns_that_vanishes_mid_enrollment_is_rolled_back_and_reported() {
         record.as_ref().is_none_or(|r| r.redirection.is_none()),
         "{record:?}"
     );
-    assert!(
-        !zt.log().iter().any(|line| line.starts_with("add")),
-        "{:?}",
-        zt.log()
-    );
+    let log = zt.log();
+    let adds = log.iter().filter(|line| line.starts_with("add")).count();
+    let dels = log.iter().filter(|line| line.starts_with("del")).count();
+    assert!(adds <= dels, "every add was undone: {log:?}");
     assert!(agent.zds.cached().is_empty());
     assert!(saved(&node)
         .iter()

@@ -118,8 +118,15 @@ async fn redirect(inner: &Inner, op: Op, record: &PodRecord) -> Result<(), Agent
     }
 }
 
-/// `pending` -> capture -> ZDS add -> `enabled`. On failure everything done is undone, the
-/// record is left not enrolled, and the error returned.
+/// `pending` -> capture and ZDS add together -> `enabled`. On failure everything done is
+/// undone, the record is left not enrolled, and the error returned.
+///
+/// The capture and the ZDS add do not depend on each other: ztunnel only opens its listeners in
+/// the pod's netns, and the capture only points the pod's packets at them. Both are done before
+/// the ADD returns (the pod's containers start after it), so running them together takes the
+/// ZDS round trip off the ADD's latency without a moment where captured traffic finds no
+/// listener that the sequential order did not also have (for a running pod enrolled by a
+/// reconcile, that moment only gets shorter).
 async fn enroll(
     inner: &Inner,
     records: &mut Records,
@@ -129,28 +136,40 @@ async fn enroll(
     record.redirection = Some(Redirection::Pending);
     record.redirector = Some(inner.redirector.name().to_string());
     put(inner, records, &record);
-    let result = match redirect(inner, Op::Enroll, &record).await {
-        Err(e) => Err(e),
-        Ok(()) => {
-            let added = inner
-                .zds
-                .add(&record.uid, workload_info(&record), &record.netns)
-                .await;
-            match added {
-                Ok(()) => Ok(()),
-                Err(source) => {
-                    if let Err(e) = redirect(inner, Op::Unenroll, &record).await {
-                        warn!(%pod, error = %e, "cannot remove the capture after a failed ZDS add");
-                    }
-                    if let Err(e) = inner.zds.del(&record.uid).await {
-                        debug!(%pod, error = %e, "ZDS del after a failed add");
-                    }
-                    Err(AgentError::Zds {
-                        pod: pod.clone(),
-                        source,
-                    })
-                }
-            }
+    let (captured, added) = tokio::join!(
+        redirect(inner, Op::Enroll, &record),
+        inner
+            .zds
+            .add(&record.uid, workload_info(&record), &record.netns),
+    );
+    // The error to return, and which half succeeded and must be undone. A netns that vanished
+    // while both ran (the sandbox was torn down) fails the ADD as well: ztunnel may have got
+    // its fd first, and the capture went into a namespace nobody will use.
+    let failure = match (captured, added) {
+        (Ok(()), Ok(())) if netns_still_the_pods(&record) => None,
+        (Ok(()), Ok(())) => Some((
+            AgentError::NetnsGone {
+                pod: pod.clone(),
+                netns: record.netns.clone(),
+            },
+            true,
+            true,
+        )),
+        (Err(error), added) => Some((error, false, added.is_ok())),
+        (Ok(()), Err(source)) => Some((
+            AgentError::Zds {
+                pod: pod.clone(),
+                source,
+            },
+            true,
+            false,
+        )),
+    };
+    let result = match failure {
+        None => Ok(()),
+        Some((error, captured, added)) => {
+            undo_enroll(inner, &record, captured, added).await;
+            Err(error)
         }
     };
     match &result {
@@ -165,6 +184,25 @@ async fn enroll(
     }
     put(inner, records, &record);
     result
+}
+
+/// Undoes the half of a failed enrollment that succeeded (a failed capture has already undone
+/// its own partial work). ztunnel is told to drop the pod either way: an add that failed may
+/// still have reached it.
+async fn undo_enroll(inner: &Inner, record: &PodRecord, captured: bool, added: bool) {
+    let pod = pod_name(record);
+    if captured {
+        if let Err(e) = redirect(inner, Op::Unenroll, record).await {
+            warn!(%pod, error = %e, "cannot remove the capture after a failed ZDS add");
+        }
+    }
+    match inner.zds.del(&record.uid).await {
+        Err(e) if added => {
+            warn!(%pod, error = %e, "cannot tell ztunnel to drop a pod whose capture failed");
+        }
+        Err(e) => debug!(%pod, error = %e, "ZDS del after a failed add"),
+        Ok(()) => {}
+    }
 }
 
 /// Removes the capture and tells ztunnel; errors are logged (the pod is gone or leaving).

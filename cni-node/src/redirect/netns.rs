@@ -16,12 +16,12 @@ pub(super) enum Entered<R> {
     Gone,
 }
 
-/// Runs `f` on a new thread that entered the network namespace at `path`. Nothing runs (and
+/// Runs `f` inside the network namespace at `path` (on the calling thread, which goes back
+/// into its own namespace afterwards). Nothing runs (and
 /// the error names `path`) when `path` is not a network namespace.
 pub(super) fn run_in<R, F>(path: &Path, f: F) -> Result<Entered<R>, RedirectError>
 where
-    F: FnOnce() -> Result<R, RedirectError> + Send,
-    R: Send,
+    F: FnOnce() -> Result<R, RedirectError>,
 {
     match netns::run_in(path, f) {
         Ok(result) => result.map(Entered::Ran),
@@ -36,7 +36,7 @@ impl From<EnterError> for RedirectError {
             EnterError::Open { path, source } => RedirectError::Netns { path, source },
             EnterError::NotNetns { path, source } => RedirectError::NotNetns { path, source },
             EnterError::Setns { path, source } => RedirectError::Setns { path, source },
-            EnterError::Thread { path, source } => RedirectError::Thread { path, source },
+            EnterError::Home { path, source } => RedirectError::HomeNetns { path, source },
         }
     }
 }

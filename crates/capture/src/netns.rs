@@ -1,7 +1,10 @@
-//! Entering a pod's network namespace: a fresh thread enters it with `setns(2)`, does the work
-//! and ends, so no pooled (tokio or rayon) thread is ever left inside a pod. Sockets the work
-//! opens (netlink included) and the `/proc/sys/net` it reads belong to that namespace, wherever
-//! they are used later.
+//! Entering a pod's network namespace: the calling thread enters it with `setns(2)`, does the
+//! work and goes back into the namespace it came from, as ztunnel does for its sockets (two
+//! syscalls, where a thread per pod cost a thread's creation and teardown on every
+//! enrollment). The way back runs even when the work panics; a thread that cannot get back
+//! aborts the process, so no pooled (tokio or rayon) thread is ever left inside a pod. Sockets
+//! the work opens (netlink included) and the `/proc/sys/net` it reads belong to the pod's
+//! namespace, wherever they are used later.
 
 use std::fs::File;
 use std::io;
@@ -30,8 +33,8 @@ pub enum EnterError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot start a thread to enter the network namespace {path}: {source}; is the process out of threads or memory?")]
-    Thread {
+    #[error("cannot note this thread's own network namespace before entering {path}: {source}; is /proc mounted?")]
+    Home {
         path: PathBuf,
         #[source]
         source: io::Error,
@@ -45,7 +48,7 @@ impl EnterError {
             EnterError::Open { .. } => "netns",
             EnterError::NotNetns { .. } => "not_netns",
             EnterError::Setns { .. } => "setns",
-            EnterError::Thread { .. } => "thread",
+            EnterError::Home { .. } => "home_netns",
         }
     }
 
@@ -60,50 +63,57 @@ impl EnterError {
             EnterError::Open { path, .. }
             | EnterError::NotNetns { path, .. }
             | EnterError::Setns { path, .. }
-            | EnterError::Thread { path, .. } => path,
+            | EnterError::Home { path, .. } => path,
         }
     }
 }
 
-/// Runs `f` on a new thread that entered the network namespace at `path` and returns what it
-/// returned; a panic in `f` is propagated. Nothing runs when `path` cannot be opened or is not
-/// a network namespace.
+/// Runs `f` in the network namespace at `path` on the calling thread and returns what it
+/// returned; a panic in `f` is propagated (after the thread is back in its own namespace).
+/// Nothing runs when `path` cannot be opened or is not a network namespace.
 pub fn run_in<R, F>(path: &Path, f: F) -> Result<R, EnterError>
 where
-    F: FnOnce() -> R + Send,
-    R: Send,
+    F: FnOnce() -> R,
 {
     let file = File::open(path).map_err(|source| EnterError::Open {
         path: path.to_owned(),
         source,
     })?;
-    std::thread::scope(|scope| {
-        let thread = std::thread::Builder::new()
-            .name("netns".to_owned())
-            .spawn_scoped(scope, move || {
-                nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).map_err(|errno| {
-                    let (path, source) = (path.to_owned(), errno.into());
-                    match errno {
-                        // EINVAL: the file is not a namespace (or not a network one).
-                        nix::errno::Errno::EPERM => EnterError::Setns { path, source },
-                        _ => EnterError::NotNetns { path, source },
-                    }
-                })?;
-                Ok(f())
-            })
-            .map_err(|source| EnterError::Thread {
-                path: path.to_owned(),
-                source,
-            })?;
-        match thread.join() {
-            Ok(result) => result,
-            Err(panic) => std::panic::resume_unwind(panic),
+    // Where this thread is now, to come back to (opened before leaving it).
+    let home = File::open("/proc/thread-self/ns/net").map_err(|source| EnterError::Home {
+        path: path.to_owned(),
+        source,
+    })?;
+    nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).map_err(|errno| {
+        let (path, source) = (path.to_owned(), errno.into());
+        match errno {
+            // EINVAL: the file is not a namespace (or not a network one).
+            nix::errno::Errno::EPERM => EnterError::Setns { path, source },
+            _ => EnterError::NotNetns { path, source },
         }
-    })
+    })?;
+    let _back = GoBack(home);
+    Ok(f())
+}
+
+/// Puts the thread back into its own network namespace when dropped, also while a panic
+/// unwinds.
+struct GoBack(File);
+
+impl Drop for GoBack {
+    fn drop(&mut self) {
+        if let Err(errno) = nix::sched::setns(&self.0, CloneFlags::CLONE_NEWNET) {
+            // Going on would run whatever this thread does next inside a pod.
+            eprintln!("cannot return to the process's own network namespace ({errno}); aborting");
+            std::process::abort();
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
+
     use super::*;
 
     #[test]
@@ -124,6 +134,45 @@ mod tests {
         assert!(
             error.to_string().contains("is not a network namespace"),
             "{error}"
+        );
+    }
+
+    fn netns_inode(path: &str) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).expect("netns").ino()
+    }
+
+    #[test]
+    fn the_thread_goes_back_to_its_own_namespace_after_the_work_and_after_a_panic() {
+        // A namespace of our own: a helper thread unshares one and hands over its fd.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let made = nix::sched::unshare(CloneFlags::CLONE_NEWNET)
+                .map_err(io::Error::from)
+                .and_then(|()| File::open("/proc/thread-self/ns/net"));
+            let _ = tx.send(made);
+        });
+        let other = match rx.recv().expect("helper thread") {
+            Ok(file) => file,
+            Err(error) if std::env::var_os("CI").is_none() => {
+                eprintln!("skipped: cannot make a network namespace, not root ({error})");
+                return;
+            }
+            Err(error) => panic!("cannot make a network namespace: {error}"),
+        };
+        let path = PathBuf::from(format!("/proc/self/fd/{}", other.as_raw_fd()));
+        let own = netns_inode("/proc/thread-self/ns/net");
+        let inside = run_in(&path, || netns_inode("/proc/thread-self/ns/net")).expect("enter");
+        assert_eq!(inside, netns_inode(&path.display().to_string()));
+        assert_ne!(inside, own);
+        assert_eq!(netns_inode("/proc/thread-self/ns/net"), own, "back home");
+
+        let panicked = std::panic::catch_unwind(|| run_in(&path, || panic!("work failed")));
+        assert!(panicked.is_err(), "the panic is propagated");
+        assert_eq!(
+            netns_inode("/proc/thread-self/ns/net"),
+            own,
+            "back home after a panic"
         );
     }
 

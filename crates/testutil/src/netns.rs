@@ -123,6 +123,12 @@ pub enum NetnsError {
     },
     #[error(transparent)]
     Enter(#[from] mesh_capture::netns::EnterError),
+    #[error("cannot start a thread to enter the network namespace {path}: {source}; is the process out of threads or memory?")]
+    Thread {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{op} {addr} in netns {netns} failed: {source}; is the address on an interface there and the port free?")]
     Socket {
         op: &'static str,
@@ -148,6 +154,7 @@ impl NetnsError {
             NetnsError::TooMany { .. } => "too_many",
             NetnsError::Open { .. } => "open",
             NetnsError::Enter(error) => error.reason(),
+            NetnsError::Thread { .. } => "thread",
             NetnsError::Socket { .. } => "socket",
         }
     }

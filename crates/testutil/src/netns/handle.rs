@@ -56,7 +56,22 @@ impl Netns {
         F: FnOnce() -> R + Send,
         R: Send,
     {
-        Ok(mesh_capture::netns::run_in(&self.path(), f)?)
+        // A thread of its own: `f` may build a runtime or block, which the caller's thread (a
+        // tokio worker, say) may not.
+        let path = self.path();
+        std::thread::scope(|scope| {
+            let thread = std::thread::Builder::new()
+                .name("netns".to_owned())
+                .spawn_scoped(scope, || mesh_capture::netns::run_in(&path, f))
+                .map_err(|source| NetnsError::Thread {
+                    path: path.clone(),
+                    source,
+                })?;
+            match thread.join() {
+                Ok(result) => Ok(result?),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
     }
 
     /// `ip netns exec <name> <program> <args>`: the output whatever the exit status (check
