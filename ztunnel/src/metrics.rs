@@ -311,8 +311,9 @@ pub enum Outcome<'a> {
 #[derive(Debug)]
 pub struct ConnectionRecord {
     metrics: Metrics,
+    /// The labels are made from it again at the close rather than kept: a record lives as
+    /// long as its connection, and their strings would double its size.
     info: ConnectionInfo,
-    labels: ConnectionLabels,
     start: Instant,
     finished: bool,
 }
@@ -330,7 +331,6 @@ impl ConnectionRecord {
         ConnectionRecord {
             metrics: metrics.clone(),
             info,
-            labels,
             start: Instant::now(),
             finished: false,
         }
@@ -356,14 +356,8 @@ impl ConnectionRecord {
                 transferred,
             } => (transferred, Some((flags, error))),
         };
-        let labels = match failure {
-            Some((flags, _)) if flags != ResponseFlags::None => {
-                let mut l = self.labels.clone();
-                l.response_flags = flags;
-                l
-            }
-            _ => self.labels.clone(),
-        };
+        let flags = failure.map_or(ResponseFlags::None, |(flags, _)| flags);
+        let labels = self.info.labels(flags);
         self.metrics.closed.get_or_create(&labels).inc();
         if failure.is_some() {
             self.metrics.failed.get_or_create(&labels).inc();

@@ -96,7 +96,7 @@ pub struct Connection {
     sender: SendRequest<Bytes>,
     addr: SocketAddr,
     peer_identity: Identity,
-    streams: Arc<AtomicUsize>,
+    streams: Arc<StreamCount>,
     /// Set when the connection task ends.
     closed: Arc<AtomicBool>,
 }
@@ -195,7 +195,7 @@ impl Connection {
             sender,
             addr,
             peer_identity,
-            streams: Arc::new(AtomicUsize::new(0)),
+            streams: Arc::new(StreamCount::default()),
             closed,
         })
     }
@@ -254,12 +254,27 @@ impl Connection {
     /// Streams opened through this handle (and its clones) that are still alive, including
     /// those still waiting for their response.
     pub fn active_streams(&self) -> usize {
-        self.streams.load(Ordering::Relaxed)
+        self.streams.count.load(Ordering::Relaxed)
+    }
+
+    /// Calls `hook` (on the thread that drops it) whenever the last live stream of this
+    /// connection ends, with the connection's stream count (see [`Connection::same_as`]). The
+    /// pool uses it to let go of connections it no longer needs, so that they close as soon as
+    /// they carry nothing. `hook` must not hold the connection (that would keep it open); only
+    /// the first hook set counts.
+    pub(crate) fn on_idle(&self, hook: impl Fn(&StreamCount) + Send + Sync + 'static) {
+        let _ = self.streams.on_idle.set(Box::new(hook));
+    }
+
+    /// Whether `self` and `other` are handles on the same connection.
+    pub(crate) fn same_as(&self, other: &StreamCount) -> bool {
+        std::ptr::eq(Arc::as_ptr(&self.streams), other)
     }
 
     /// Reserves a stream slot if fewer than `max` are in use (used by the pool).
     pub(crate) fn try_reserve(&self, max: usize) -> Option<StreamSlot> {
         self.streams
+            .count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             })
@@ -301,20 +316,41 @@ fn h2_builder(settings: &H2Settings) -> h2::client::Builder {
     builder
 }
 
+/// The live streams of a connection, and what to do when the last one ends.
+#[derive(Default)]
+pub(crate) struct StreamCount {
+    count: AtomicUsize,
+    on_idle: std::sync::OnceLock<IdleHook>,
+}
+
+type IdleHook = Box<dyn Fn(&StreamCount) + Send + Sync>;
+
+impl std::fmt::Debug for StreamCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamCount")
+            .field("count", &self.count.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
 /// Counts one live stream on a connection until dropped.
 #[derive(Debug)]
-pub(crate) struct StreamSlot(Arc<AtomicUsize>);
+pub(crate) struct StreamSlot(Arc<StreamCount>);
 
 impl StreamSlot {
-    fn acquire(counter: Arc<AtomicUsize>) -> Self {
-        counter.fetch_add(1, Ordering::AcqRel);
+    fn acquire(counter: Arc<StreamCount>) -> Self {
+        counter.count.fetch_add(1, Ordering::AcqRel);
         StreamSlot(counter)
     }
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            if let Some(hook) = self.0.on_idle.get() {
+                hook(&self.0);
+            }
+        }
     }
 }
 

@@ -4,9 +4,14 @@
 //! or a handshake; dials for one key are serialized by that key's own lock (as upstream's
 //! per-destination write lock), and a caller that waited re-checks for room before dialing,
 //! so a burst of connections to one destination opens one HBONE connection per
-//! `max_streams_per_connection` streams, not one per caller. Closed connections, and
-//! connections unused for `pool_unused_release_timeout`, are dropped at the next checkout for
-//! their key.
+//! `max_streams_per_connection` streams, not one per caller.
+//!
+//! A connection whose last stream ends leaves the pool at once when another connection for the
+//! same key is still there, and then closes: a key keeps at most one idle connection, so a
+//! burst's extra connections (and their file descriptors and buffers) go as soon as the burst
+//! ends, as upstream's pool, which never keeps a connection at its stream limit. The one idle
+//! connection left, and closed ones, are dropped at the next checkout for their key once
+//! unused for `pool_unused_release_timeout`.
 //!
 //! The source IP is part of the key because, in shared mode, a connection is dialed from the
 //! source pod's network namespace ([`Pool::dial`] with that pod's socket factory): two pods
@@ -20,7 +25,7 @@ use std::time::Instant;
 use mesh_identity::Identity;
 use rustls::ClientConfig;
 
-use super::client::{ConnectRequest, Connection, StreamSlot, Tunnel};
+use super::client::{ConnectRequest, Connection, StreamCount, StreamSlot, Tunnel};
 use super::{H2Settings, HboneError};
 use crate::socket::{LocalSockets, SocketFactory};
 
@@ -67,10 +72,12 @@ struct Entry {
     last_used: Instant,
 }
 
+type Conns = Mutex<HashMap<PoolKey, Vec<Entry>>>;
+
 /// Pooled HBONE connections.
 pub struct Pool {
     settings: H2Settings,
-    conns: Mutex<HashMap<PoolKey, Vec<Entry>>>,
+    conns: Arc<Conns>,
     /// One dial at a time per key; entries live while someone holds or waits for them.
     dialing: Mutex<HashMap<PoolKey, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -89,7 +96,7 @@ impl Pool {
     pub fn new(settings: H2Settings) -> Self {
         Pool {
             settings,
-            conns: Mutex::new(HashMap::new()),
+            conns: Arc::new(Mutex::new(HashMap::new())),
             dialing: Mutex::new(HashMap::new()),
         }
     }
@@ -164,6 +171,13 @@ impl Pool {
         request: &ConnectRequest,
     ) -> Result<Tunnel, HboneError> {
         let conn = Connection::connect_via(sockets, key.dst, tls, &self.settings).await?;
+        let conns = Arc::downgrade(&self.conns);
+        let idle_key = key.clone();
+        conn.on_idle(move |streams| {
+            if let Some(conns) = conns.upgrade() {
+                release_if_spare(&conns, &idle_key, streams);
+            }
+        });
         let slot = conn.try_reserve(self.max_streams());
         self.lock().entry(key.clone()).or_default().push(Entry {
             conn: conn.clone(),
@@ -196,7 +210,7 @@ impl Pool {
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<PoolKey, Vec<Entry>>> {
-        self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.conns)
     }
 
     /// Prunes dead and long-unused connections for `key`, then reserves a stream on the first
@@ -219,5 +233,32 @@ impl Pool {
             conns.remove(key);
         }
         found
+    }
+}
+
+fn lock(conns: &Conns) -> MutexGuard<'_, HashMap<PoolKey, Vec<Entry>>> {
+    conns.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The connection counted by `streams` just carried its last stream: it leaves the pool (and
+/// closes, once nothing else holds it) when another open connection for `key` remains. A
+/// stream reserved meanwhile (reservations are made under the pool's lock) keeps it.
+fn release_if_spare(conns: &Conns, key: &PoolKey, streams: &StreamCount) {
+    let mut conns = lock(conns);
+    let Some(entries) = conns.get_mut(key) else {
+        return;
+    };
+    let Some(index) = entries.iter().position(|e| e.conn.same_as(streams)) else {
+        return;
+    };
+    let others = entries
+        .iter()
+        .enumerate()
+        .any(|(i, e)| i != index && !e.conn.is_closed());
+    if others && entries[index].conn.active_streams() == 0 {
+        let spare = entries.swap_remove(index);
+        tracing::debug!(dst = %key.dst, src = %key.src, "releasing a spare idle HBONE connection");
+        drop(conns);
+        drop(spare);
     }
 }

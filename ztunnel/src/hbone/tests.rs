@@ -360,9 +360,33 @@ async fn a_burst_to_one_destination_dials_one_connection_per_stream_cap() {
         "50 concurrent tunnels at 10 streams each need 5 connections, not one per caller"
     );
     assert_eq!(pool.dials_in_progress(), 0, "dial locks are released");
+    assert_eq!(fx.server.open_connections(), 5);
     for tunnel in held {
         assert_eq!(round_trip(tunnel, b"burst").await, b"burst");
     }
+    // Once the burst is over, the pool keeps one idle connection and lets the others close
+    // at once (not after the unused-release timeout).
+    tokio::time::timeout(WAIT, async {
+        while pool.connections(&key) > 1 || fx.server.open_connections() > 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "spare connections not released: {} pooled, {} open at the server",
+            pool.connections(&key),
+            fx.server.open_connections()
+        )
+    });
+    assert_eq!(pool.connections(&key), 1);
+    // The one kept is reused.
+    let again = pool
+        .open(&key, fx.client_tls(), &request)
+        .await
+        .expect("reuse");
+    assert_eq!(round_trip(again, b"after").await, b"after");
+    assert_eq!(fx.server.open_connections(), 1, "no new dial");
 }
 
 #[tokio::test]

@@ -52,7 +52,20 @@ pub(super) async fn serve(ctx: Arc<PodCtx>, tcp: TcpStream, peer: SocketAddr) {
     };
     let record = ConnectionRecord::open(&ctx.inputs.metrics, src.routed(peer, orig_dst, &route));
     let counters = ByteCounters::default();
-    let result = proxy(&ctx, &src, tcp, peer, &route, &counters).await;
+    let connected = connect(&ctx, &src, peer, &route).await;
+    // The copy needs only the two ends: the source and destination workloads' copies go now,
+    // not when a connection that may stay open for hours ends.
+    drop((src, route));
+    let copy_failure = |e| (ResponseFlags::None, ProxyError::Copy(e));
+    let result = match connected {
+        Ok(Connected::Tcp(upstream)) => copy_bidirectional(tcp, upstream, &counters)
+            .await
+            .map_err(copy_failure),
+        Ok(Connected::Hbone(tunnel)) => copy_bidirectional(tcp, tunnel, &counters)
+            .await
+            .map_err(copy_failure),
+        Err(failure) => Err(failure),
+    };
     match result {
         Ok(t) => record.finish(Outcome::Completed(t)),
         Err((flags, e)) => record.finish(Outcome::Failed {
@@ -164,31 +177,30 @@ async fn source_workload(ctx: &PodCtx, peer: SocketAddr) -> Result<Workload, Pro
 
 type Failure = (ResponseFlags, ProxyError);
 
-async fn proxy(
+/// The upstream end of a connection.
+enum Connected {
+    Tcp(TcpStream),
+    Hbone(Tunnel),
+}
+
+/// Connects to the route's upstream: plain TCP from the pod's netns, or an HBONE tunnel.
+async fn connect(
     ctx: &PodCtx,
     src: &Source,
-    tcp: TcpStream,
     peer: SocketAddr,
     route: &Route,
-    counters: &ByteCounters,
-) -> Result<crate::hbone::Transferred, Failure> {
-    let copy_err = |e| (ResponseFlags::None, ProxyError::Copy(e));
+) -> Result<Connected, Failure> {
     match &route.upstream {
-        Upstream::Tcp { addr } => {
-            let upstream =
-                crate::socket::connect(&*ctx.sockets, *addr)
-                    .await
-                    .map_err(|source| {
-                        let e = ProxyError::Connect {
-                            addr: *addr,
-                            source,
-                        };
-                        (ResponseFlags::ConnectFailure, e)
-                    })?;
-            copy_bidirectional(tcp, upstream, counters)
-                .await
-                .map_err(copy_err)
-        }
+        Upstream::Tcp { addr } => crate::socket::connect(&*ctx.sockets, *addr)
+            .await
+            .map(Connected::Tcp)
+            .map_err(|source| {
+                let e = ProxyError::Connect {
+                    addr: *addr,
+                    source,
+                };
+                (ResponseFlags::ConnectFailure, e)
+            }),
         Upstream::Hbone {
             hbone_addr,
             authority,
@@ -212,9 +224,7 @@ async fn proxy(
                 };
                 (flags, e)
             })?;
-            copy_bidirectional(tcp, tunnel, counters)
-                .await
-                .map_err(copy_err)
+            Ok(Connected::Hbone(tunnel))
         }
     }
 }
@@ -235,6 +245,19 @@ async fn open_tunnel(
         Some(Err(e)) => tracing::debug!(error = %e, "pooled HBONE connection failed; redialing"),
         None => {}
     }
+    // Boxed: the dial's state (TLS and HTTP/2 handshakes) is large, and inline it would make
+    // every connection's task that size for its whole life, though most never dial.
+    Box::pin(dial_tunnel(ctx, key, request)).await
+}
+
+/// A tunnel on a new connection dialed from the pod's netns with the source workload's
+/// certificate.
+async fn dial_tunnel(
+    ctx: &PodCtx,
+    key: &PoolKey,
+    request: &ConnectRequest,
+) -> Result<Tunnel, ProxyError> {
+    let pool = &ctx.inputs.pool;
     let cert = ctx
         .inputs
         .certs

@@ -279,6 +279,7 @@ fn traffic(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Resul
 fn idle_connections(args: &Args, c: &Cluster, results: &mut Results) -> anyhow::Result<()> {
     let pids = c.ztunnel_pids;
     results.fds_before = pids.map(|p| procfs::fd_count(p).unwrap_or(0));
+    results.rss_before_idle = Rss::read(&pids, procfs::rss_mib)?;
     eprintln!(
         "opening {} idle connections through the mesh",
         args.idle_conns
@@ -295,20 +296,22 @@ fn idle_connections(args: &Args, c: &Cluster, results: &mut Results) -> anyhow::
     results.fds_open = pids.map(|p| procfs::fd_count(p).unwrap_or(0));
     drop(open);
     // Wait for both ztunnels to let go of them: back to the earlier count, or no change for
-    // 2 s, or 20 s.
+    // 2 s, or 20 s. The release time is when the count last changed (polled every 20 ms).
     let start = Instant::now();
-    let (mut last, mut stable_since) = ([usize::MAX; 2], Instant::now());
+    let (mut last, mut changed_at) = ([usize::MAX; 2], Duration::ZERO);
     loop {
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(Duration::from_millis(20));
         let now = pids.map(|p| procfs::fd_count(p).unwrap_or(0));
         if now != last {
-            (last, stable_since) = (now, Instant::now());
+            (last, changed_at) = (now, start.elapsed());
         }
         let back = now.iter().zip(&results.fds_before).all(|(n, b)| n <= b);
-        if back || stable_since.elapsed() > Duration::from_secs(2) || start.elapsed().as_secs() > 20
+        if back
+            || start.elapsed() - changed_at > Duration::from_secs(2)
+            || start.elapsed().as_secs() > 20
         {
             results.fds_after = now;
-            results.close_secs = start.elapsed().as_secs_f64();
+            results.close_secs = changed_at.as_secs_f64();
             break;
         }
     }
