@@ -32,6 +32,8 @@ pub enum HttpError {
     PortForward { target: String, detail: String },
     #[error("{addr} answered with something that is not HTTP; is it the admin port?")]
     NotHttp { addr: String },
+    #[error("{addr} closed the connection without answering; is it the admin port?")]
+    ClosedEarly { addr: String },
     #[error("the answer of {addr}{path} is larger than {} MiB", MAX_BODY >> 20)]
     TooLarge { addr: String, path: String },
     #[error("{addr}{path} answered {status}: {body}")]
@@ -52,6 +54,7 @@ impl HttpError {
             HttpError::Timeout { .. } => "timeout",
             HttpError::Exchange { .. } => "exchange",
             HttpError::NotHttp { .. } => "not_http",
+            HttpError::ClosedEarly { .. } => "closed_early",
             HttpError::PortForward { .. } => "port_forward",
             HttpError::TooLarge { .. } => "too_large",
             HttpError::Status { .. } => "status",
@@ -142,6 +145,13 @@ pub async fn get_from_pod(
                 Ok(body) => Ok(body),
                 Err(e) => match tokio::time::timeout(Duration::from_secs(1), &mut refusal).await {
                     Ok(detail) => Err(HttpError::PortForward { target: target.clone(), detail }),
+                    // kube's forwarder drops the kubelet's reason when the API server closes
+                    // the tunnel before our request went out: a tunnel closed without any
+                    // answer is then all we know.
+                    Err(_) if matches!(e, HttpError::ClosedEarly { .. }) => Err(HttpError::PortForward {
+                        target: target.clone(),
+                        detail: "the tunnel closed before the pod's port answered, and no reason came back; is anything listening on that port in the pod?".into(),
+                    }),
                     Err(_) => Err(e),
                 },
             },
@@ -175,7 +185,9 @@ where
     // server; a head too large is one that answered something we will not read.
     let failed = |source: hyper::Error| {
         let addr = addr.to_string();
-        if (source.is_parse() && !source.is_parse_too_large()) || source.is_incomplete_message() {
+        if source.is_incomplete_message() {
+            HttpError::ClosedEarly { addr }
+        } else if source.is_parse() && !source.is_parse_too_large() {
             HttpError::NotHttp { addr }
         } else {
             HttpError::Exchange {
@@ -293,7 +305,7 @@ mod tests {
 
         let url = server(b"").await;
         let error = get(&url, "/config_dump").await.expect_err("closed");
-        assert_eq!(error.reason(), "not_http", "{error}");
+        assert_eq!(error.reason(), "closed_early", "{error}");
 
         let url = server(b"SSH-2.0-OpenSSH_9.2\r\n").await;
         let error = get(&url, "/config_dump").await.expect_err("not HTTP");
