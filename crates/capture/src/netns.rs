@@ -1,13 +1,14 @@
 //! Entering a pod's network namespace: the calling thread enters it with `setns(2)`, does the
-//! work and goes back into the namespace it came from, as ztunnel does for its sockets (two
-//! syscalls, where a thread per pod cost a thread's creation and teardown on every
-//! enrollment). The way back runs even when the work panics; a thread that cannot get back
+//! work and goes back into the namespace it came from ([`Inside`], which ztunnel also uses for
+//! its in-pod sockets: two syscalls, where a thread per pod cost a thread's creation and
+//! teardown on every enrollment). The way back runs even when the work panics; a thread that cannot get back
 //! aborts the process, so no pooled (tokio or rayon) thread is ever left inside a pod. Sockets
 //! the work opens (netlink included) and the `/proc/sys/net` it reads belong to the pod's
 //! namespace, wherever they are used later.
 
 use std::fs::File;
 use std::io;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use nix::sched::CloneFlags;
@@ -84,7 +85,7 @@ where
         path: path.to_owned(),
         source,
     })?;
-    nix::sched::setns(&file, CloneFlags::CLONE_NEWNET).map_err(|errno| {
+    let _back = Inside::enter(&file, home).map_err(|errno| {
         let (path, source) = (path.to_owned(), errno.into());
         match errno {
             // EINVAL: the file is not a namespace (or not a network one).
@@ -92,19 +93,29 @@ where
             _ => EnterError::NotNetns { path, source },
         }
     })?;
-    let _back = GoBack(home);
     Ok(f())
 }
 
-/// Puts the thread back into its own network namespace when dropped, also while a panic
-/// unwinds.
-struct GoBack(File);
+/// While alive, the calling thread is inside another network namespace; dropping it (also
+/// while a panic unwinds) puts the thread back into `home`. A thread that cannot get back
+/// aborts the process: whatever it ran next would run inside the other namespace.
+pub struct Inside<H: AsFd> {
+    home: H,
+}
 
-impl Drop for GoBack {
+impl<H: AsFd> Inside<H> {
+    /// Moves the calling thread into `netns`, to come back to `home` when dropped. `EINVAL`:
+    /// `netns` is not a network namespace; `EPERM`: no CAP_SYS_ADMIN.
+    pub fn enter(netns: impl AsFd, home: H) -> nix::Result<Self> {
+        nix::sched::setns(netns, CloneFlags::CLONE_NEWNET)?;
+        Ok(Inside { home })
+    }
+}
+
+impl<H: AsFd> Drop for Inside<H> {
     fn drop(&mut self) {
-        if let Err(errno) = nix::sched::setns(&self.0, CloneFlags::CLONE_NEWNET) {
-            // Going on would run whatever this thread does next inside a pod.
-            eprintln!("cannot return to the process's own network namespace ({errno}); aborting");
+        if let Err(errno) = nix::sched::setns(&self.home, CloneFlags::CLONE_NEWNET) {
+            tracing::error!(error = %errno, "cannot return to the thread's own network namespace; aborting");
             std::process::abort();
         }
     }

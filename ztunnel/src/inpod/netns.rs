@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Arc;
 
-use nix::sched::CloneFlags;
+use mesh_capture::netns::Inside;
 use nix::sys::stat::SFlag;
 use nix::sys::statfs::NSFS_MAGIC;
 use socket2::Socket;
@@ -210,43 +210,18 @@ fn home() -> Result<&'static Netns, NetnsError> {
     Ok(HOME.get_or_init(|| netns))
 }
 
-/// While alive, the calling thread is in another netns; dropping it returns the thread home.
-struct Entered {
-    home: &'static Netns,
-}
-
-impl Entered {
-    fn enter(netns: &Netns) -> Result<Entered, NetnsError> {
-        let home = home()?;
-        nix::sched::setns(&*netns.fd, CloneFlags::CLONE_NEWNET).map_err(|source| {
-            NetnsError::Enter {
-                id: netns.id,
-                source,
-            }
-        })?;
-        Ok(Entered { home })
-    }
-}
-
-impl Drop for Entered {
-    fn drop(&mut self) {
-        if let Err(e) = nix::sched::setns(&*self.home.fd, CloneFlags::CLONE_NEWNET) {
-            // Every later socket of this thread would land in a pod: stop here; the node agent
-            // hands the pods to the restarted ztunnel.
-            tracing::error!(error = %e, home = %self.home.id, "cannot return to ztunnel's own netns; aborting");
-            std::process::abort();
-        }
-    }
-}
-
 impl Netns {
     /// Runs `f` on the calling thread inside this netns, then returns the thread to ztunnel's
     /// own netns. `f` must not block for long: it holds up the thread it runs on.
     pub fn run<R>(&self, f: impl FnOnce() -> R) -> Result<R, NetnsError> {
-        let entered = Entered::enter(self)?;
-        let out = f();
-        drop(entered);
-        Ok(out)
+        // Back to ztunnel's own netns afterwards; a thread that cannot get back aborts ztunnel
+        // (the node agent hands the pods to the restarted one).
+        let _inside =
+            Inside::enter(&*self.fd, &*home()?.fd).map_err(|source| NetnsError::Enter {
+                id: self.id,
+                source,
+            })?;
+        Ok(f())
     }
 }
 
