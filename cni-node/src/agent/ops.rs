@@ -193,12 +193,12 @@ async fn undo_enroll(inner: &Inner, record: &PodRecord, captured: bool, added: b
     let pod = pod_name(record);
     if captured {
         if let Err(e) = redirect(inner, Op::Unenroll, record).await {
-            warn!(%pod, error = %e, "cannot remove the capture after a failed ZDS add");
+            warn!(%pod, error = %e, "cannot remove the capture of a failed enrollment");
         }
     }
     match inner.zds.del(&record.uid).await {
         Err(e) if added => {
-            warn!(%pod, error = %e, "cannot tell ztunnel to drop a pod whose capture failed");
+            warn!(%pod, error = %e, "cannot tell ztunnel to drop the pod of a failed enrollment");
         }
         Err(e) => debug!(%pod, error = %e, "ZDS del after a failed add"),
         Ok(()) => {}
