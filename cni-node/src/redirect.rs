@@ -8,9 +8,6 @@ use std::path::PathBuf;
 pub mod ebpf;
 mod host_probe;
 mod netns;
-mod nft;
-mod nft_batch;
-mod nft_dump;
 mod nftables;
 mod routes;
 #[cfg(test)]
@@ -19,8 +16,8 @@ mod with_probes;
 
 /// The decoders of the kernel's nf_tables answers (batch acks, rule dumps), for the fuzzers.
 pub mod answers {
-    pub use super::nft_batch::acks as nftables_acks;
-    pub use super::nft_dump::count_rules as nftables_rule_dump;
+    pub use mesh_nft::batch::acks as nftables_acks;
+    pub use mesh_nft::dump::count_rules as nftables_rule_dump;
 }
 
 pub use host_probe::{HostProbeConfig, HostProbeSnat, HOST_TABLE, PROBE_SET_V4, PROBE_SET_V6};

@@ -6,13 +6,15 @@
 //! - `xds_proxy`: Envoy's ADS relayed to istiod over TLS with the pod's token;
 //! - `envoy`: starting, restarting and draining Envoy;
 //! - `telemetry`: Istio's request metrics from Envoy's access log stream;
-//! - `status`: readiness, merged Prometheus metrics, `/quitquitquit` on 15020.
+//! - `status`: readiness, merged Prometheus metrics, `/quitquitquit` on 15020;
+//! - `iptables`: `pilot-agent istio-iptables`, the sidecar's capture init step and its validation.
 
 pub mod admin;
 pub mod app;
 pub mod bootstrap;
 pub mod config;
 pub mod envoy;
+pub mod iptables;
 pub mod sds;
 pub mod status;
 pub mod telemetry;

@@ -1,9 +1,11 @@
-//! pilot-agent binary: `pilot-agent proxy <waypoint|sidecar|router> [flags]`, as Istio's.
+//! pilot-agent binary: `pilot-agent proxy <waypoint|sidecar|router> [flags]` and `pilot-agent
+//! istio-iptables [flags]` (the sidecar's capture init step), as Istio's.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use pilot_agent::config::{Config, ProxyArgs, ProxyType};
+use pilot_agent::iptables::IptablesArgs;
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +36,9 @@ enum Command {
         #[arg(long)]
         concurrency: Option<u32>,
     },
+    /// Writes (or checks, or removes) a sidecar pod's traffic capture, as Istio's init step.
+    #[command(name = "istio-iptables")]
+    IstioIptables(Box<IptablesArgs>),
 }
 
 fn main() -> ExitCode {
@@ -43,13 +48,16 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let Command::Proxy {
-        kind,
-        domain,
-        service_cluster,
-        proxy_log_level,
-        concurrency,
-    } = cli.command;
+    let (kind, domain, service_cluster, proxy_log_level, concurrency) = match cli.command {
+        Command::Proxy {
+            kind,
+            domain,
+            service_cluster,
+            proxy_log_level,
+            concurrency,
+        } => (kind, domain, service_cluster, proxy_log_level, concurrency),
+        Command::IstioIptables(args) => return istio_iptables(&args),
+    };
     let args = ProxyArgs {
         domain,
         service_cluster,
@@ -91,6 +99,17 @@ fn main() -> ExitCode {
             tracing::error!(reason = e.reason(), "pilot-agent failed: {e}");
             eprintln!("pilot-agent: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn istio_iptables(args: &IptablesArgs) -> ExitCode {
+    match pilot_agent::iptables::run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(reason = e.reason(), "istio-iptables failed: {e}");
+            eprintln!("pilot-agent istio-iptables: {e}");
+            ExitCode::from(e.exit_code())
         }
     }
 }

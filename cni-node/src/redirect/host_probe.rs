@@ -13,8 +13,8 @@ use mesh_capture::{PROBE_SNAT_IPV4, PROBE_SNAT_IPV6};
 use super::netns::{run_in, Entered};
 use nix::errno::Errno;
 
-use super::nft::{self, Batch, ChainKind, Expr, Hook, HookPoint, MetaKey, Op};
 use super::RedirectError;
+use mesh_nft::{self as nft, Batch, ChainKind, Expr, Hook, HookPoint, MetaKey, Op};
 
 /// The host table (istio-cni uses the in-pod nat table's name in the host netns as well).
 pub const HOST_TABLE: &str = mesh_capture::POD_TABLES[0];

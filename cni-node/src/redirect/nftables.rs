@@ -14,12 +14,12 @@ use mesh_capture::{
 };
 
 use super::netns::{run_in, Entered};
-use super::nft::{self, Batch, ChainKind, CtKey, Expr, Hook, HookPoint, Op};
-use super::nft_dump;
 use super::routes;
 use super::{PodNetwork, RedirectError, Redirector};
 use mesh_capture::routing::Family;
 use mesh_capture::rtnl::RtnlError;
+use mesh_nft::dump as nft_dump;
+use mesh_nft::{self as nft, Batch, ChainKind, CtKey, Expr, Hook, HookPoint, Op};
 
 /// The conntrack zone of DNS traffic between ztunnel and upstream resolvers.
 const DNS_CT_ZONE: u16 = 1;

@@ -4,10 +4,10 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use mesh_testutil::netns::{have_root, TestNet};
 
-use super::nft::{self, Base, Batch, Expr, Op};
 use super::nftables::{enroll_batch, pod_tables, Capture};
-use super::{nft_batch, nft_dump};
 use super::{NftablesRedirector, PodNetwork, RedirectError, Redirector};
+use mesh_nft::{self as nft, Base, Batch, Expr, Op};
+use mesh_nft::{batch as nft_batch, dump as nft_dump};
 
 /// One netlink message: header (length, type, flags 0, seq, pid 0) and payload.
 fn message(ty: u16, seq: u32, payload: &[u8]) -> Vec<u8> {

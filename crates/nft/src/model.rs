@@ -10,45 +10,49 @@ use nix::errno::Errno;
 
 /// A rule's final decision.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Verdict {
+pub enum Verdict {
     Accept,
+    /// Back to the calling chain (or the base chain's policy).
+    Return,
     Jump(&'static str),
 }
 
 /// `meta` keys the rules read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum MetaKey {
+pub enum MetaKey {
     L4Proto,
     NfProto,
     Mark,
+    IifName,
     OifName,
     SkUid,
+    SkGid,
 }
 
 /// `ct` keys the rules read or set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum CtKey {
+pub enum CtKey {
     Mark,
     Zone,
 }
 
 /// Where a payload load starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Base {
+pub enum Base {
     Network,
     Transport,
 }
 
 /// Comparison operators the rules use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Op {
+pub enum Op {
     Eq,
     Neq,
 }
 
 /// One nf_tables expression, always working on register 1 (`NFT_REG_1`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Expr {
+pub enum Expr {
     /// `meta load <key> => reg 1`.
     MetaLoad(MetaKey),
     /// `meta set mark with reg 1`.
@@ -90,15 +94,15 @@ pub(super) enum Expr {
 
 /// A base chain's hook: `type <kind> hook <hook> priority <priority>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Hook {
-    pub(super) kind: ChainKind,
-    pub(super) hook: HookPoint,
-    pub(super) priority: i32,
+pub struct Hook {
+    pub kind: ChainKind,
+    pub hook: HookPoint,
+    pub priority: i32,
 }
 
 /// A base chain's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum ChainKind {
+pub enum ChainKind {
     Filter,
     Nat,
     Route,
@@ -106,7 +110,7 @@ pub(super) enum ChainKind {
 
 /// Where a base chain hooks in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum HookPoint {
+pub enum HookPoint {
     Prerouting,
     Output,
     Postrouting,
@@ -114,7 +118,7 @@ pub(super) enum HookPoint {
 
 /// One operation of a transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Operation {
+pub enum Operation {
     AddTable(&'static str),
     DeleteTable(&'static str),
     /// Deletes the rules of every chain of the table.
@@ -150,7 +154,7 @@ pub(super) enum Operation {
 
 impl Operation {
     /// What `nft` would call it, for errors (`add rule inet istio-ambient-nat istio-output`).
-    pub(super) fn describe(&self) -> String {
+    pub fn describe(&self) -> String {
         match self {
             Operation::AddTable(table) => format!("add table inet {table}"),
             Operation::DeleteTable(table) => format!("delete table inet {table}"),
@@ -175,49 +179,49 @@ impl Operation {
 /// An nf_tables transaction: every operation is applied atomically, or none is
 /// (`nft_batch::commit` sends it through libnftnl).
 #[derive(Debug, Default)]
-pub(super) struct Batch {
-    pub(super) operations: Vec<Operation>,
+pub struct Batch {
+    pub operations: Vec<Operation>,
 }
 
 impl Batch {
     /// Number of operations so far.
-    pub(super) fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.operations.len()
     }
 
+    /// Whether the batch has no operation yet.
+    pub fn is_empty(&self) -> bool {
+        self.operations.is_empty()
+    }
+
     /// `add table inet <table>` (no error when it exists).
-    pub(super) fn add_table(&mut self, table: &'static str) {
+    pub fn add_table(&mut self, table: &'static str) {
         self.operations.push(Operation::AddTable(table));
     }
 
     /// `delete table inet <table>` (an error when it does not exist: add it first).
-    pub(super) fn delete_table(&mut self, table: &'static str) {
+    pub fn delete_table(&mut self, table: &'static str) {
         self.operations.push(Operation::DeleteTable(table));
     }
 
     /// `flush table inet <table>`: deletes the rules of all its chains (chains and sets stay).
-    pub(super) fn flush_table(&mut self, table: &'static str) {
+    pub fn flush_table(&mut self, table: &'static str) {
         self.operations.push(Operation::FlushTable(table));
     }
 
     /// `add chain inet <table> <chain> [{ type .. hook .. priority .. ; }]`.
-    pub(super) fn add_chain(
-        &mut self,
-        table: &'static str,
-        chain: &'static str,
-        hook: Option<Hook>,
-    ) {
+    pub fn add_chain(&mut self, table: &'static str, chain: &'static str, hook: Option<Hook>) {
         self.operations
             .push(Operation::AddChain { table, chain, hook });
     }
 
     /// `flush chain inet <table> <chain>`: deletes its rules.
-    pub(super) fn flush_chain(&mut self, table: &'static str, chain: &'static str) {
+    pub fn flush_chain(&mut self, table: &'static str, chain: &'static str) {
         self.operations.push(Operation::FlushChain { table, chain });
     }
 
     /// `add rule inet <table> <chain> <exprs>` (appended).
-    pub(super) fn add_rule(&mut self, table: &'static str, chain: &'static str, exprs: &[Expr]) {
+    pub fn add_rule(&mut self, table: &'static str, chain: &'static str, exprs: &[Expr]) {
         self.operations.push(Operation::AddRule {
             table,
             chain,
@@ -226,13 +230,7 @@ impl Batch {
     }
 
     /// `add set inet <table> <set> { type ipv4_addr|ipv6_addr ; }` (no error when it exists).
-    pub(super) fn add_addr_set(
-        &mut self,
-        table: &'static str,
-        set: &'static str,
-        ipv6: bool,
-        id: u32,
-    ) {
+    pub fn add_addr_set(&mut self, table: &'static str, set: &'static str, ipv6: bool, id: u32) {
         self.operations.push(Operation::AddAddrSet {
             table,
             set,
@@ -243,7 +241,7 @@ impl Batch {
 
     /// `add element` (`delete: false`, an error when present) or `delete element` (an error
     /// when absent) of `addr` in `set`.
-    pub(super) fn set_element(
+    pub fn set_element(
         &mut self,
         table: &'static str,
         set: &'static str,
@@ -260,23 +258,23 @@ impl Batch {
 
     /// Sends the batch on a new nftables socket of the calling thread's netns. On failure
     /// nothing was applied; the error names the first operation the kernel refused.
-    pub(super) fn commit(self) -> Result<(), BatchError> {
-        super::nft_batch::commit(&self.operations)
+    pub fn commit(self) -> Result<(), BatchError> {
+        crate::batch::commit(&self.operations)
     }
 }
 
 /// Why a batch was refused (nothing of it was applied).
 #[derive(Debug)]
-pub(super) struct BatchError {
+pub struct BatchError {
     /// The operation refused (`add rule inet istio-ambient-nat istio-output`).
-    pub(super) op: String,
+    pub op: String,
     /// The kernel's errno for it, when the kernel answered.
-    pub(super) errno: Option<Errno>,
-    pub(super) source: io::Error,
+    pub errno: Option<Errno>,
+    pub source: io::Error,
 }
 
 /// Address bytes in network order.
-pub(super) fn addr_bytes(addr: IpAddr) -> Vec<u8> {
+pub fn addr_bytes(addr: IpAddr) -> Vec<u8> {
     match addr {
         IpAddr::V4(v4) => v4.octets().to_vec(),
         IpAddr::V6(v6) => v6.octets().to_vec(),
@@ -286,12 +284,12 @@ pub(super) fn addr_bytes(addr: IpAddr) -> Vec<u8> {
 // Building blocks, one per `nft` match, expanded exactly as `nft` expands them.
 
 /// `meta l4proto <proto>`.
-pub(super) fn l4proto(proto: u8) -> Vec<Expr> {
+pub fn l4proto(proto: u8) -> Vec<Expr> {
     vec![Expr::MetaLoad(MetaKey::L4Proto), cmp(Op::Eq, &[proto])]
 }
 
 /// `ip saddr|daddr <op> <addr>` (`ip6` for an IPv6 address): `source` picks saddr.
-pub(super) fn addr(source: bool, op: Op, addr: IpAddr) -> Vec<Expr> {
+pub fn addr(source: bool, op: Op, addr: IpAddr) -> Vec<Expr> {
     let (nfproto, offset) = match (addr, source) {
         (IpAddr::V4(_), true) => (libc::NFPROTO_IPV4, 12),
         (IpAddr::V4(_), false) => (libc::NFPROTO_IPV4, 16),
@@ -312,7 +310,7 @@ pub(super) fn addr(source: bool, op: Op, addr: IpAddr) -> Vec<Expr> {
 }
 
 /// `ip daddr @<set>` (`ip6` when `ipv6`).
-pub(super) fn daddr_in(set: &'static str, ipv6: bool) -> Vec<Expr> {
+pub fn daddr_in(set: &'static str, ipv6: bool) -> Vec<Expr> {
     let (nfproto, offset, len) = match ipv6 {
         false => (libc::NFPROTO_IPV4, 16, 4),
         true => (libc::NFPROTO_IPV6, 24, 16),
@@ -330,7 +328,7 @@ pub(super) fn daddr_in(set: &'static str, ipv6: bool) -> Vec<Expr> {
 }
 
 /// `tcp|udp sport|dport <op> <port>`.
-pub(super) fn port(proto: u8, source: bool, op: Op, port: u16) -> Vec<Expr> {
+pub fn port(proto: u8, source: bool, op: Op, port: u16) -> Vec<Expr> {
     let mut exprs = l4proto(proto);
     exprs.push(Expr::Payload {
         base: Base::Transport,
@@ -342,7 +340,7 @@ pub(super) fn port(proto: u8, source: bool, op: Op, port: u16) -> Vec<Expr> {
 }
 
 /// `meta mark and <mask> <op> <value>` (`ct mark` when `ct`).
-pub(super) fn mark(ct: bool, mask: u32, op: Op, value: u32) -> Vec<Expr> {
+pub fn mark(ct: bool, mask: u32, op: Op, value: u32) -> Vec<Expr> {
     let load = match ct {
         true => Expr::CtLoad(CtKey::Mark),
         false => Expr::MetaLoad(MetaKey::Mark),
@@ -351,22 +349,81 @@ pub(super) fn mark(ct: bool, mask: u32, op: Op, value: u32) -> Vec<Expr> {
 }
 
 /// `oifname <op> <name>`.
-pub(super) fn oifname(op: Op, name: &str) -> Vec<Expr> {
+pub fn oifname(op: Op, name: &str) -> Vec<Expr> {
+    ifname(MetaKey::OifName, op, name)
+}
+
+/// `iifname <op> <name>`.
+pub fn iifname(op: Op, name: &str) -> Vec<Expr> {
+    ifname(MetaKey::IifName, op, name)
+}
+
+fn ifname(key: MetaKey, op: Op, name: &str) -> Vec<Expr> {
     let mut bytes = [0u8; libc::IFNAMSIZ];
     let len = name.len().min(libc::IFNAMSIZ - 1);
     bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
-    vec![Expr::MetaLoad(MetaKey::OifName), cmp(op, &bytes)]
+    vec![Expr::MetaLoad(key), cmp(op, &bytes)]
+}
+
+/// `meta skuid <op> <uid>`, or `meta skgid` when `group`.
+pub fn owner(group: bool, op: Op, id: u32) -> Vec<Expr> {
+    let key = if group {
+        MetaKey::SkGid
+    } else {
+        MetaKey::SkUid
+    };
+    vec![Expr::MetaLoad(key), cmp(op, &id.to_ne_bytes())]
+}
+
+/// `ip saddr|daddr <op> <net>/<prefix_len>` (`ip6` for an IPv6 network), expanded as `nft`
+/// expands it: a whole-address compare for a host prefix, a masked compare otherwise. A
+/// prefix longer than the address is clamped to a host prefix.
+pub fn prefix(source: bool, op: Op, net: IpAddr, prefix_len: u8) -> Vec<Expr> {
+    let bits = match net {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    };
+    let prefix_len = u32::from(prefix_len).min(bits);
+    if prefix_len == bits {
+        return addr(source, op, net);
+    }
+    let mut exprs = addr(source, op, net);
+    let bytes = addr_bytes(net);
+    let mask: Vec<u8> = (0..bytes.len() as u32)
+        .map(|i| {
+            let on = prefix_len.saturating_sub(i * 8).min(8);
+            (0xffu16 << (8 - on)) as u8
+        })
+        .collect();
+    let masked: Vec<u8> = bytes.iter().zip(&mask).map(|(b, m)| b & m).collect();
+    // `nft` only loads the bytes the prefix covers.
+    let covered = prefix_len.div_ceil(8) as usize;
+    if let Some(Expr::Payload { len, .. }) = exprs.get_mut(2) {
+        *len = covered as u32;
+    }
+    let last = exprs.len() - 1;
+    exprs[last] = cmp(op, &masked[..covered]);
+    if prefix_len % 8 != 0 {
+        exprs.insert(
+            last,
+            Expr::Bitwise {
+                mask: mask[..covered].to_vec(),
+                xor: vec![0; covered],
+            },
+        );
+    }
+    exprs
 }
 
 /// `reg 1 = (reg 1 & mask) ^ xor` on a 32-bit host-order value.
-pub(super) fn and_or(mask: u32, xor: u32) -> Expr {
+pub fn and_or(mask: u32, xor: u32) -> Expr {
     Expr::Bitwise {
         mask: mask.to_ne_bytes().to_vec(),
         xor: xor.to_ne_bytes().to_vec(),
     }
 }
 
-pub(super) fn cmp(op: Op, data: &[u8]) -> Expr {
+pub fn cmp(op: Op, data: &[u8]) -> Expr {
     Expr::Cmp {
         op,
         data: data.to_vec(),
@@ -374,7 +431,7 @@ pub(super) fn cmp(op: Op, data: &[u8]) -> Expr {
 }
 
 /// `counter redirect to :<port>`.
-pub(super) fn redirect(to: u16) -> Vec<Expr> {
+pub fn redirect(to: u16) -> Vec<Expr> {
     vec![
         Expr::Counter,
         Expr::Immediate(to.to_be_bytes().to_vec()),
@@ -383,6 +440,16 @@ pub(super) fn redirect(to: u16) -> Vec<Expr> {
 }
 
 /// `counter accept`.
-pub(super) fn accept() -> Vec<Expr> {
+pub fn accept() -> Vec<Expr> {
     vec![Expr::Counter, Expr::Verdict(Verdict::Accept)]
+}
+
+/// `counter return`.
+pub fn ret() -> Vec<Expr> {
+    vec![Expr::Counter, Expr::Verdict(Verdict::Return)]
+}
+
+/// `counter jump <chain>`.
+pub fn jump(chain: &'static str) -> Vec<Expr> {
+    vec![Expr::Counter, Expr::Verdict(Verdict::Jump(chain))]
 }

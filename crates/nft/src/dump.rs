@@ -42,8 +42,8 @@ impl NetlinkSerializable for GetRules {
 }
 
 /// Number of rules per table (of family inet) in the calling thread's netns.
-pub(super) fn rule_counts() -> io::Result<HashMap<String, usize>> {
-    let socket = super::nft_batch::open()?;
+pub fn rule_counts() -> io::Result<HashMap<String, usize>> {
+    let socket = crate::batch::open()?;
     let mut header = NetlinkHeader::default();
     header.flags = NLM_F_REQUEST | NLM_F_DUMP;
     header.sequence_number = 1;

@@ -1,5 +1,5 @@
 //! Sending an nf_tables transaction through libnftnl (the `nftnl` crate): every operation of
-//! a [`Batch`](super::nft::Batch) becomes an `nftnl` table, chain, rule, set or set-element
+//! a [`Batch`](crate::model::Batch) becomes an `nftnl` table, chain, rule, set or set-element
 //! message between the batch's begin and end, the finalized batch goes to the kernel in one
 //! datagram on a `NETLINK_NETFILTER` socket of the calling thread's netns, and the kernel's
 //! answers are matched to operations by sequence number.
@@ -27,7 +27,7 @@ use nftnl::set::{Set, SetKey};
 use nftnl::{Chain, ChainType, FinalizedBatch, MsgType, NlMsg, ProtoFamily, Rule, Table};
 use nix::errno::Errno;
 
-use super::nft::{
+use crate::model::{
     Base, BatchError, ChainKind, CtKey, Expr, HookPoint, MetaKey, Op, Operation, Verdict,
 };
 
@@ -38,7 +38,7 @@ const RECV_BUFFER: usize = 64 * 1024;
 const NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
 
 /// Applies `operations` atomically in the calling thread's netns.
-pub(super) fn commit(operations: &[Operation]) -> Result<(), BatchError> {
+pub fn commit(operations: &[Operation]) -> Result<(), BatchError> {
     let batch = encode(operations)?;
     let mut datagram = Vec::new();
     for part in &batch {
@@ -80,7 +80,7 @@ pub(super) fn commit(operations: &[Operation]) -> Result<(), BatchError> {
 /// The failure to report: the first failing operation (its index) when one failed, else any
 /// error outside the operations' numbers (the begin or end message, a failed commit), which
 /// names the batch as a whole (`None`).
-pub(super) fn first_failure(
+pub fn first_failure(
     failures: &[(u32, Errno)],
     first: u32,
     operations: usize,
@@ -99,7 +99,7 @@ pub(super) fn first_failure(
 }
 
 /// A `NETLINK_NETFILTER` socket with a receive timeout.
-pub(super) fn open() -> io::Result<Socket> {
+pub fn open() -> io::Result<Socket> {
     framing::socket(NETLINK_NETFILTER, RECV_TIMEOUT)
 }
 
@@ -318,8 +318,10 @@ fn meta(key: MetaKey) -> Meta {
         MetaKey::L4Proto => Meta::L4Proto,
         MetaKey::NfProto => Meta::NfProto,
         MetaKey::Mark => Meta::Mark { set: false },
+        MetaKey::IifName => Meta::IifName,
         MetaKey::OifName => Meta::OifName,
         MetaKey::SkUid => Meta::SkUid,
+        MetaKey::SkGid => Meta::SkGid,
     }
 }
 
@@ -400,6 +402,7 @@ fn add_expr(
         }
         Expr::Immediate(data) => rule.add_expr(&ImmediateData(data)),
         Expr::Verdict(Verdict::Accept) => rule.add_expr(&nftnl::expr::Verdict::Accept),
+        Expr::Verdict(Verdict::Return) => rule.add_expr(&nftnl::expr::Verdict::Return),
         Expr::Verdict(Verdict::Jump(chain)) => rule.add_expr(&nftnl::expr::Verdict::Jump {
             chain: name(chain)?,
         }),
