@@ -133,6 +133,19 @@ pub enum AgentError {
     },
     #[error("pod {pod}: its network namespace {} disappeared during enrollment; the capture and ztunnel's copy were undone", netns.display())]
     NetnsGone { pod: String, netns: PathBuf },
+    #[error("pod {pod}: cannot set up sidecar capture: {source}")]
+    SidecarConfig {
+        pod: String,
+        #[source]
+        source: crate::sidecar::SidecarError,
+    },
+    #[error("pod {pod}: cannot write sidecar capture in {}: {source}", netns.display())]
+    SidecarCapture {
+        pod: String,
+        netns: PathBuf,
+        #[source]
+        source: crate::sidecar::ApplyError,
+    },
     #[error("pod {pod}: the redirector task failed: {detail}")]
     Task { pod: String, detail: String },
     #[error(transparent)]
@@ -148,6 +161,8 @@ impl AgentError {
             AgentError::Redirect { source, .. } => source.reason(),
             AgentError::Zds { source, .. } => source.reason(),
             AgentError::NetnsGone { .. } => "netns_gone",
+            AgentError::SidecarConfig { .. } => "sidecar_annotation",
+            AgentError::SidecarCapture { source, .. } => source.reason(),
             AgentError::Task { .. } => "task",
             AgentError::State(e) => e.reason(),
         }

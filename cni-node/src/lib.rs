@@ -16,5 +16,6 @@ pub mod install;
 pub mod plugin;
 pub mod redirect;
 pub mod selection;
+pub mod sidecar;
 pub mod state;
 pub mod zds_server;

@@ -9,7 +9,8 @@
 //! spec's JSON on stdout (see [`PluginError::code`]); logs go to stderr.
 //!
 //! Unlike upstream, the plugin does not ask the Kubernetes API whether the pod is ambient: the
-//! agent decides (it answers 200 for pods it does not enroll).
+//! agent decides (it answers 200 for pods it does not enroll), and it also writes the sidecar
+//! capture of injected pods that leave it to the CNI ([`crate::sidecar`]).
 
 mod config;
 mod env;

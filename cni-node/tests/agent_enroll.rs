@@ -601,3 +601,101 @@ async fn selected_running_pod_without_a_record_is_found_in_proc() {
     );
     agent.stop().await;
 }
+
+/// An injected pod (`istio-validation`, not `istio-init`) whose capture cni-node writes.
+fn write_injected_pod(node: &Node, name: &str, annotations: &[(&str, &str)]) {
+    let mut extra = String::new();
+    for (k, v) in annotations {
+        extra.push_str(&format!("    {k}: {v:?}\n"));
+    }
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: apps\n  uid: uid-{name}\n  annotations:\n    sidecar.istio.io/status: '{{\"containers\":[\"istio-proxy\"]}}'\n{extra}spec:\n  nodeName: node1\n  serviceAccountName: sa\n  initContainers:\n  - name: istio-validation\n    image: proxyv2\n  containers:\n  - name: app\n    image: app\n  - name: istio-proxy\n    image: proxyv2\n    args: [proxy, sidecar]\n    securityContext: {{runAsUser: 1337, runAsGroup: 1337}}\nstatus:\n  phase: Pending\n  podIP: 10.1.0.5\n"
+    );
+    node.cluster.write(&format!("pod-{name}.yaml"), &yaml);
+}
+
+#[tokio::test]
+async fn an_injected_pod_gets_sidecar_capture_and_a_bad_annotation_is_named() {
+    if !have_root("an_injected_pod_gets_sidecar_capture_and_a_bad_annotation_is_named") {
+        return;
+    }
+    let mut net = TestNet::new("sdc").expect("test network");
+    let host = net
+        .add_node("node", std::net::Ipv4Addr::new(172, 30, 0, 11))
+        .expect("node");
+    let good = net
+        .add_pod(&host, "legacy", std::net::Ipv4Addr::new(10, 1, 0, 5))
+        .expect("pod");
+    let bad = net
+        .add_pod(&host, "typo", std::net::Ipv4Addr::new(10, 1, 0, 6))
+        .expect("pod");
+    let node = Node::new();
+    node.write_namespace(&[]);
+    write_injected_pod(
+        &node,
+        "legacy",
+        &[("traffic.sidecar.istio.io/excludeOutboundPorts", "5432")],
+    );
+    write_injected_pod(
+        &node,
+        "typo",
+        &[("traffic.sidecar.istio.io/includeInboundPorts", "80,htp")],
+    );
+    let (agent, _) = node.start().await;
+    let (zt, _task) = AutoZtunnel::spawn(&node.socket());
+    zt.wait_for("snapshot-sent").await;
+
+    let event = |pod: &Netns, name: &str| CniAddEvent {
+        netns: pod.path().display().to_string(),
+        ..node.event(name)
+    };
+    agent
+        .agent
+        .cni_add(event(good.netns(), "legacy"))
+        .await
+        .expect("sidecar capture written");
+    let rules = good
+        .netns()
+        .exec_ok("nft", &["list", "table", "inet", "istio-proxy-nat"])
+        .expect("table");
+    for expected in [
+        "redirect to :15001",
+        "redirect to :15006",
+        "meta skuid 1337",
+    ] {
+        assert!(rules.contains(expected), "{expected} in {rules}");
+    }
+    assert!(
+        rules
+            .lines()
+            .any(|l| l.contains("tcp dport 5432") && l.trim_end().ends_with("return")),
+        "the excluded outbound port: {rules}"
+    );
+    // Not an ambient pod: recorded as not enrolled, and ztunnel never heard of it.
+    agent.wait_status("legacy", Some(None)).await;
+    assert!(
+        zt.log().iter().all(|line| !line.starts_with("add")),
+        "{:?}",
+        zt.log()
+    );
+
+    let err = agent
+        .agent
+        .cni_add(event(bad.netns(), "typo"))
+        .await
+        .expect_err("bad annotation")
+        .to_string();
+    assert!(
+        err.contains("apps/typo") && err.contains("includeInboundPorts") && err.contains("\"htp\""),
+        "{err}"
+    );
+    let ruleset = bad
+        .netns()
+        .exec_ok("nft", &["list", "ruleset"])
+        .expect("ruleset");
+    assert!(
+        !ruleset.contains("istio-proxy"),
+        "nothing written: {ruleset}"
+    );
+    agent.stop().await;
+}

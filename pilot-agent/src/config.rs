@@ -83,9 +83,36 @@ pub struct ProxyArgs {
     pub service_cluster: Option<String>,
     /// `--proxyLogLevel` (Envoy's log level).
     pub proxy_log_level: Option<String>,
+    /// `--proxyComponentLogLevel` (Envoy's per-component levels, `misc:error,upstream:debug`).
+    pub proxy_component_log_level: Option<String>,
     /// `--concurrency` (Envoy worker threads).
     pub concurrency: Option<u32>,
 }
+
+/// The `RUST_LOG` filter for Istio's `--log_output_level` (`scope:level` pairs, or a bare
+/// level for every scope): the `default` scope's level (or the bare one) becomes the filter;
+/// Istio's `none` is `off`. `None` when it names no level this agent knows.
+pub fn rust_log_filter(levels: &str) -> Option<String> {
+    let level = levels
+        .split(',')
+        .map(str::trim)
+        .find_map(|entry| match entry.split_once(':') {
+            Some(("default", level)) => Some(level.trim()),
+            Some(_) => None,
+            None => Some(entry),
+        })?;
+    match level {
+        "none" => Some("off".into()),
+        "debug" | "info" | "warn" | "error" => Some(level.into()),
+        "fatal" => Some("error".into()),
+        _ => None,
+    }
+}
+
+/// Envoy's log levels (`warn` is accepted for `warning`).
+const ENVOY_LEVELS: [&str; 8] = [
+    "trace", "debug", "info", "warning", "warn", "error", "critical", "off",
+];
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -109,6 +136,8 @@ pub struct Config {
     pub token_path: PathBuf,
     pub envoy_path: Option<PathBuf>,
     pub proxy_log_level: String,
+    /// Envoy's `--component-log-level`, when given.
+    pub proxy_component_log_level: Option<String>,
     pub concurrency: u32,
     #[serde(with = "humantime_serde_shim")]
     pub drain_duration: Duration,
@@ -233,12 +262,23 @@ impl Config {
             .proxy_log_level
             .clone()
             .unwrap_or_else(|| "warning".into());
-        if ![
-            "trace", "debug", "info", "warning", "warn", "error", "critical", "off",
-        ]
-        .contains(&log_level.as_str())
-        {
+        if !ENVOY_LEVELS.contains(&log_level.as_str()) {
             errors.push(format!("--proxyLogLevel {log_level:?}: expected trace, debug, info, warning, error, critical or off"));
+        }
+        let component_levels = args
+            .proxy_component_log_level
+            .as_deref()
+            .map(str::trim)
+            .filter(|v| !v.is_empty());
+        if let Some(levels) = component_levels {
+            let valid = levels.split(',').all(|entry| {
+                entry.split_once(':').is_some_and(|(component, level)| {
+                    !component.trim().is_empty() && ENVOY_LEVELS.contains(&level.trim())
+                })
+            });
+            if !valid {
+                errors.push(format!("--proxyComponentLogLevel {levels:?}: expected component:level pairs separated by commas (misc:error,upstream:debug)"));
+            }
         }
         if !errors.is_empty() {
             return Err(ConfigError(errors));
@@ -270,6 +310,7 @@ impl Config {
             } else {
                 log_level
             },
+            proxy_component_log_level: component_levels.map(str::to_string),
             concurrency: args.concurrency.or(proxy_config.concurrency).unwrap_or(2),
             drain_duration,
             termination_drain_duration,
@@ -398,6 +439,7 @@ mod tests {
         ];
         let args = ProxyArgs {
             proxy_log_level: Some("loud".into()),
+            proxy_component_log_level: Some("misc=error".into()),
             ..ProxyArgs::default()
         };
         let err = Config::from_vars(ProxyType::Waypoint, &args, bad, "/".into()).expect_err("bad");
@@ -410,9 +452,38 @@ mod tests {
             TERMINATION_DRAIN_DURATION,
             "ISTIO_METAJSON_LABELS",
             "loud",
+            "--proxyComponentLogLevel \"misc=error\"",
         ] {
             assert!(text.contains(needle), "{needle} missing from {text}");
         }
+    }
+
+    #[test]
+    fn istio_log_levels_become_a_rust_log_filter() {
+        assert_eq!(rust_log_filter("default:debug").as_deref(), Some("debug"));
+        assert_eq!(
+            rust_log_filter("xds:debug,default:warn").as_deref(),
+            Some("warn")
+        );
+        assert_eq!(rust_log_filter("info").as_deref(), Some("info"));
+        assert_eq!(rust_log_filter("none").as_deref(), Some("off"));
+        assert_eq!(rust_log_filter("xds:debug"), None);
+        assert_eq!(rust_log_filter("loud"), None);
+    }
+
+    #[test]
+    fn component_levels_reach_envoy() {
+        let args = ProxyArgs {
+            proxy_component_log_level: Some("misc:error,upstream:debug".into()),
+            ..ProxyArgs::default()
+        };
+        let c = Config::from_vars(ProxyType::Sidecar, &args, vars(), "/w".into()).expect("valid");
+        let envoy = crate::envoy::args(&c, std::path::Path::new("/b.json"));
+        let at = envoy
+            .iter()
+            .position(|a| a == "--component-log-level")
+            .expect("flag");
+        assert_eq!(envoy[at + 1], "misc:error,upstream:debug");
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub fn find_envoy(configured: Option<&Path>) -> Result<PathBuf, EnvoyError> {
 
 /// Envoy's command line, as Istio's agent runs it.
 pub fn args(cfg: &Config, bootstrap: &Path) -> Vec<String> {
-    vec![
+    let mut args: Vec<String> = vec![
         "-c".into(),
         bootstrap.display().to_string(),
         "--drain-time-s".into(),
@@ -80,7 +80,11 @@ pub fn args(cfg: &Config, bootstrap: &Path) -> Vec<String> {
         cfg.proxy_log_level.clone(),
         "--concurrency".into(),
         cfg.concurrency.to_string(),
-    ]
+    ];
+    if let Some(levels) = &cfg.proxy_component_log_level {
+        args.extend(["--component-log-level".into(), levels.clone()]);
+    }
+    args
 }
 
 /// Supervises Envoy until `shutdown`; returns once Envoy has drained and exited.

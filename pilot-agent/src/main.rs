@@ -15,6 +15,10 @@ use pilot_agent::iptables::IptablesArgs;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// The agent's log levels in Istio's form (`default:info`, `info`, `xds:debug,default:warn`);
+    /// `RUST_LOG`, when set, wins.
+    #[arg(long = "log_output_level", global = true)]
+    log_output_level: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -32,6 +36,9 @@ enum Command {
         /// Envoy's log level.
         #[arg(long = "proxyLogLevel")]
         proxy_log_level: Option<String>,
+        /// Envoy's per-component log levels (`misc:error`).
+        #[arg(long = "proxyComponentLogLevel")]
+        proxy_component_log_level: Option<String>,
         /// Envoy worker threads.
         #[arg(long)]
         concurrency: Option<u32>,
@@ -43,26 +50,39 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(filter) = cli
+        .log_output_level
+        .as_deref()
+        .and_then(pilot_agent::config::rust_log_filter)
+    {
+        if std::env::var_os("RUST_LOG").is_none() {
+            std::env::set_var("RUST_LOG", filter);
+        }
+    }
     if let Err(e) = mesh_runtime::telemetry::init() {
         eprintln!("pilot-agent: {e}");
         return ExitCode::from(2);
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (kind, domain, service_cluster, proxy_log_level, concurrency) = match cli.command {
+    let (kind, args) = match cli.command {
         Command::Proxy {
             kind,
             domain,
             service_cluster,
             proxy_log_level,
+            proxy_component_log_level,
             concurrency,
-        } => (kind, domain, service_cluster, proxy_log_level, concurrency),
+        } => (
+            kind,
+            ProxyArgs {
+                domain,
+                service_cluster,
+                proxy_log_level,
+                proxy_component_log_level,
+                concurrency,
+            },
+        ),
         Command::IstioIptables(args) => return istio_iptables(&args),
-    };
-    let args = ProxyArgs {
-        domain,
-        service_cluster,
-        proxy_log_level,
-        concurrency,
     };
     let root = std::env::current_dir().unwrap_or_else(|_| "/".into());
     let vars: Vec<(String, String)> = std::env::vars().collect();

@@ -21,8 +21,8 @@ fn agent() -> &'static str {
     env!("CARGO_BIN_EXE_pilot-agent")
 }
 
-/// Istio's injected `istio-init` arguments, plus `-o 9000`.
-const ISTIO_INIT: [&str; 17] = [
+/// The injector's `istio-init` arguments (the tests add `-o 9000`).
+const ISTIO_INIT: [&str; 18] = [
     "istio-iptables",
     "-p",
     "15001",
@@ -40,6 +40,7 @@ const ISTIO_INIT: [&str; 17] = [
     "*",
     "-d",
     "15090,15021,15020",
+    "--log_output_level=default:info",
 ];
 
 fn run_agent(netns: &Netns, args: &[&str], uid: Option<u32>) -> Output {
@@ -327,6 +328,7 @@ fn validation_passes_only_when_capture_is_in_place() {
     let Setup { _net, app, .. } = setup("scv");
     let validate = [
         "istio-iptables",
+        "--log_output_level=default:info",
         "--run-validation",
         "--skip-rule-apply",
         "--probe-timeout",

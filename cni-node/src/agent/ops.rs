@@ -15,6 +15,7 @@ use super::{parse_ips, AgentError, Inner, Records, RestoreSummary};
 use crate::event::CniAddEvent;
 use crate::redirect::PodNetwork;
 use crate::selection::{decide, is_terminated, Decision};
+use crate::sidecar;
 use crate::state::{netns_inode, netns_still_the_pods, procscan, PodRecord, Redirection};
 
 fn key_of(record: &PodRecord) -> PodKey {
@@ -254,6 +255,7 @@ pub(super) async fn cni_add(inner: &Inner, event: CniAddEvent) -> Result<(), Age
         }
         teardown(inner, &mut old).await;
     }
+    sidecar_capture(&name, &pod, &ips, &netns).await?;
     let namespace = inner.cluster.namespace(&key.0);
     let decision = decide(&pod, namespace.as_deref(), &inner.options.selection);
     let record = PodRecord {
@@ -293,6 +295,48 @@ pub(super) async fn cni_add(inner: &Inner, event: CniAddEvent) -> Result<(), Age
                 Err(e)
             }
         },
+    }
+}
+
+/// istio-cni's sidecar path: writes an injected pod's `istio-iptables` rules when its
+/// injection left them to cni-node (see [`crate::sidecar`]). The rules go with the netns.
+async fn sidecar_capture(
+    name: &str,
+    pod: &Pod,
+    ips: &[IpAddr],
+    netns: &Path,
+) -> Result<(), AgentError> {
+    let cfg = match sidecar::decide(pod, ips) {
+        Ok(Ok(cfg)) => cfg,
+        Ok(Err(skip)) => {
+            if skip != sidecar::Skip::NotInjected {
+                debug!(pod = %name, reason = skip.as_str(), "no sidecar capture from cni-node");
+            }
+            return Ok(());
+        }
+        Err(source) => {
+            return Err(AgentError::SidecarConfig {
+                pod: name.to_string(),
+                source,
+            })
+        }
+    };
+    let path = netns.to_owned();
+    let joined = tokio::task::spawn_blocking(move || sidecar::apply(&path, &cfg)).await;
+    match joined {
+        Ok(Ok(rules)) => {
+            info!(pod = %name, rules, "sidecar capture written");
+            Ok(())
+        }
+        Ok(Err(source)) => Err(AgentError::SidecarCapture {
+            pod: name.to_string(),
+            netns: netns.to_owned(),
+            source,
+        }),
+        Err(e) => Err(AgentError::Task {
+            pod: name.to_string(),
+            detail: e.to_string(),
+        }),
     }
 }
 
