@@ -29,6 +29,8 @@ pub const EXCLUDE_INTERFACES: &str = "traffic.sidecar.istio.io/excludeInterfaces
 pub const REROUTE_VIRTUAL_INTERFACES: &str = "istio.io/reroute-virtual-interfaces";
 pub const KUBEVIRT_INTERFACES: &str = "traffic.sidecar.istio.io/kubevirtInterfaces";
 
+pub const STATUS_PORT_ANNOTATION: &str = "status.sidecar.istio.io/port";
+
 /// The agent's own ports, never captured inbound (istio-cni adds them to the pod's list).
 const AGENT_PORTS: [u16; 3] = [15020, 15021, 15090];
 /// The status port, never captured outbound by default.
@@ -43,6 +45,8 @@ pub enum Skip {
     NotSidecar,
     EnvoyDisabled,
     InjectionOff,
+    /// `sidecar.istio.io/interceptionMode: NONE`: the pod asked for no capture.
+    InterceptionNone,
 }
 
 impl Skip {
@@ -54,6 +58,7 @@ impl Skip {
             Skip::NotSidecar => "proxy_not_sidecar",
             Skip::EnvoyDisabled => "envoy_disabled",
             Skip::InjectionOff => "injection_off",
+            Skip::InterceptionNone => "interception_none",
         }
     }
 }
@@ -69,8 +74,15 @@ pub enum SidecarError {
     },
     #[error("{0} is set but rerouting virtual interfaces is not supported")]
     VirtualInterfaces(&'static str),
-    #[error("istio-proxy sets ISTIO_META_DNS_CAPTURE but sidecar DNS capture is not supported")]
-    DnsCapture,
+}
+
+/// What cni-node writes for a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SidecarCapture {
+    pub config: CaptureConfig,
+    /// The proxy asks for DNS capture (`ISTIO_META_DNS_CAPTURE`), which is not written: the
+    /// agent has no DNS proxy, and the pod's DNS keeps working uncaptured.
+    pub dns_requested: bool,
 }
 
 fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
@@ -103,7 +115,7 @@ fn truthy(value: &str) -> bool {
 
 /// Whether cni-node writes `pod`'s sidecar capture, and with which settings. `ips` are the
 /// pod's addresses (an IPv6 one adds the IPv6 rules).
-pub fn decide(pod: &Pod, ips: &[IpAddr]) -> Result<Result<CaptureConfig, Skip>, SidecarError> {
+pub fn decide(pod: &Pod, ips: &[IpAddr]) -> Result<Result<SidecarCapture, Skip>, SidecarError> {
     if annotation(pod, label::SIDECAR_STATUS).is_none() {
         return Ok(Err(Skip::NotInjected));
     }
@@ -135,8 +147,9 @@ pub fn decide(pod: &Pod, ips: &[IpAddr]) -> Result<Result<CaptureConfig, Skip>, 
     if inject.is_some_and(|v| !truthy(v)) {
         return Ok(Err(Skip::InjectionOff));
     }
-    if env(proxy, "ISTIO_META_DNS_CAPTURE").is_some_and(truthy) {
-        return Err(SidecarError::DnsCapture);
+    let mode = annotation(pod, INTERCEPTION_MODE).unwrap_or("REDIRECT");
+    if mode.trim() == "NONE" {
+        return Ok(Err(Skip::InterceptionNone));
     }
     for key in [REROUTE_VIRTUAL_INTERFACES, KUBEVIRT_INTERFACES] {
         if annotation(pod, key).is_some_and(|v| !v.trim().is_empty()) {
@@ -149,8 +162,18 @@ pub fn decide(pod: &Pod, ips: &[IpAddr]) -> Result<Result<CaptureConfig, Skip>, 
     };
     let mut exclude_inbound = config::parse_ports(read(EXCLUDE_INBOUND_PORTS, STATUS_PORT))
         .map_err(at(EXCLUDE_INBOUND_PORTS))?;
+    // A custom status port is the agent's too (the injector excludes it from `istio-init`).
+    let status_port = match annotation(pod, STATUS_PORT_ANNOTATION).map(str::trim) {
+        None | Some("0") => Vec::new(),
+        Some(port) => config::parse_ports(port).map_err(at(STATUS_PORT_ANNOTATION))?,
+    };
     let mut seen: BTreeSet<u16> = exclude_inbound.iter().copied().collect();
-    exclude_inbound.extend(AGENT_PORTS.iter().filter(|p| seen.insert(**p)));
+    exclude_inbound.extend(
+        AGENT_PORTS
+            .iter()
+            .chain(&status_port)
+            .filter(|p| seen.insert(**p)),
+    );
     let security = proxy.security_context.as_ref();
     let uid = security
         .and_then(|s| s.run_as_user)
@@ -163,9 +186,7 @@ pub fn decide(pod: &Pod, ips: &[IpAddr]) -> Result<Result<CaptureConfig, Skip>, 
     let cfg = CaptureConfig {
         proxy_uids: vec![uid],
         proxy_gids: vec![gid],
-        mode: read(INTERCEPTION_MODE, "REDIRECT")
-            .parse()
-            .map_err(at(INTERCEPTION_MODE))?,
+        mode: mode.parse().map_err(at(INTERCEPTION_MODE))?,
         include_outbound_cidrs: config::parse_cidr_selection(read(INCLUDE_OUTBOUND_IP_RANGES, "*"))
             .map_err(at(INCLUDE_OUTBOUND_IP_RANGES))?,
         exclude_outbound_cidrs: config::parse_exclude_cidrs(
@@ -186,7 +207,10 @@ pub fn decide(pod: &Pod, ips: &[IpAddr]) -> Result<Result<CaptureConfig, Skip>, 
             || env(proxy, "ISTIO_DUAL_STACK").is_some_and(truthy),
         ..CaptureConfig::default()
     };
-    Ok(Ok(cfg))
+    Ok(Ok(SidecarCapture {
+        config: cfg,
+        dns_requested: env(proxy, "ISTIO_META_DNS_CAPTURE").is_some_and(truthy),
+    }))
 }
 
 /// Why the rules could not be written.

@@ -630,7 +630,8 @@ async fn an_injected_pod_gets_sidecar_capture_and_a_bad_annotation_is_named() {
         .add_pod(&host, "typo", std::net::Ipv4Addr::new(10, 1, 0, 6))
         .expect("pod");
     let node = Node::new();
-    node.write_namespace(&[]);
+    // An ambient namespace: the sidecar pod must still not be enrolled in ambient.
+    node.write_namespace(&[AMBIENT]);
     write_injected_pod(
         &node,
         "legacy",
@@ -671,7 +672,8 @@ async fn an_injected_pod_gets_sidecar_capture_and_a_bad_annotation_is_named() {
             .any(|l| l.contains("tcp dport 5432") && l.trim_end().ends_with("return")),
         "the excluded outbound port: {rules}"
     );
-    // Not an ambient pod: recorded as not enrolled, and ztunnel never heard of it.
+    // A sidecar pod in an ambient namespace: recorded as not enrolled, and ztunnel never
+    // heard of it.
     agent.wait_status("legacy", Some(None)).await;
     assert!(
         zt.log().iter().all(|line| !line.starts_with("add")),

@@ -109,7 +109,8 @@ pub struct IptablesArgs {
         default_value = ""
     )]
     pub kube_virt_interfaces: String,
-    /// Print the nftables operations instead of applying them.
+    /// Print the nftables transaction (each operation, with a rule's expressions) instead of
+    /// applying it.
     #[arg(short = 'n', long = "dry-run", env = "DRY_RUN")]
     pub dry_run: bool,
     /// Redirect DNS to the agent's DNS proxy; not supported (the agent has none yet).
@@ -199,11 +200,6 @@ fn flag<T>(name: &'static str, parsed: Result<T, ConfigError>) -> Result<T, Ipta
 impl IptablesArgs {
     /// The capture settings these flags describe (`ipv6` from `--dual-stack` or the caller).
     pub fn capture_config(&self, ipv6: bool) -> Result<CaptureConfig, IptablesError> {
-        if self.redirect_dns || self.capture_all_dns {
-            return Err(IptablesError::Unsupported(
-                "DNS capture (--redirect-dns, ISTIO_META_DNS_CAPTURE): the agent has no DNS proxy",
-            ));
-        }
         if self.drop_invalid {
             return Err(IptablesError::Unsupported("--drop-invalid (INVALID_DROP)"));
         }
@@ -211,9 +207,16 @@ impl IptablesArgs {
             return Err(IptablesError::Unsupported("-k/--kube-virt-interfaces"));
         }
         let proxy_uids = flag("-u/--proxy-uid", config::parse_ids(&self.proxy_uid))?;
-        let proxy_gids = match &self.proxy_gid {
-            Some(gids) => flag("-g/--proxy-gid", config::parse_ids(gids))?,
-            None => proxy_uids.clone(),
+        if proxy_uids.is_empty() {
+            return Err(IptablesError::Flag {
+                flag: "-u/--proxy-uid",
+                source: ConfigError::Id(self.proxy_uid.clone()),
+            });
+        }
+        // A blank `-g` (or PROXY_GID) means the uids, as Istio's.
+        let proxy_gids = match self.proxy_gid.as_deref().map(str::trim) {
+            Some(gids) if !gids.is_empty() => flag("-g/--proxy-gid", config::parse_ids(gids))?,
+            _ => proxy_uids.clone(),
         };
         Ok(CaptureConfig {
             proxy_port: self.envoy_port,
@@ -307,8 +310,12 @@ fn run_here(args: &IptablesArgs) -> Result<(), IptablesError> {
     Ok(())
 }
 
+/// The transaction, one operation per line; a rule's expressions follow it.
 fn print_operations(batch: mesh_nft::Batch) {
     for op in &batch.operations {
-        println!("{}", op.describe());
+        match op {
+            mesh_nft::Operation::AddRule { exprs, .. } => println!("{} {exprs:?}", op.describe()),
+            _ => println!("{}", op.describe()),
+        }
     }
 }

@@ -50,11 +50,9 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(filter) = cli
-        .log_output_level
-        .as_deref()
-        .and_then(pilot_agent::config::rust_log_filter)
-    {
+    let istio_levels = cli.log_output_level.as_deref();
+    let filter = istio_levels.and_then(pilot_agent::config::rust_log_filter);
+    if let Some(filter) = &filter {
         if std::env::var_os("RUST_LOG").is_none() {
             std::env::set_var("RUST_LOG", filter);
         }
@@ -62,6 +60,9 @@ fn main() -> ExitCode {
     if let Err(e) = mesh_runtime::telemetry::init() {
         eprintln!("pilot-agent: {e}");
         return ExitCode::from(2);
+    }
+    if let (Some(levels), None) = (istio_levels, &filter) {
+        tracing::warn!(levels, "--log_output_level names no level for the default scope (none, error, warn, info or debug); keeping the default");
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (kind, args) = match cli.command {

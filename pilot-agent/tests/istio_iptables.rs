@@ -368,7 +368,7 @@ fn bad_flags_are_named_and_write_nothing() {
         (vec!["-i", "10.0.0.0/40"], ["-i", "10.0.0.0/40"]),
         (vec!["-x", "*"], ["-x", "*"]),
         (vec!["-m", "TPROXY"], ["TPROXY", "REDIRECT"]),
-        (vec!["--redirect-dns"], ["DNS capture", "not supported"]),
+        (vec!["-u", ""], ["-u/--proxy-uid", "uid"]),
     ] {
         let mut full = vec!["istio-iptables", "-d", "15090,15021,15020"];
         full.extend(args.iter().copied());
@@ -386,4 +386,47 @@ fn bad_flags_are_named_and_write_nothing() {
             "{args:?} wrote rules"
         );
     }
+}
+
+#[test]
+fn address_ranges_are_written_as_nft_writes_them() {
+    if !have_root("address_ranges_are_written_as_nft_writes_them") {
+        return;
+    }
+    let Setup { _net, app, peer } = setup("scr");
+    let args = [
+        "istio-iptables",
+        "-i",
+        "10.96.0.0/12,172.30.0.0/16,0.0.0.0/0",
+        "-x",
+        "10.96.0.10,192.168.0.0/17",
+        "-b",
+        "8080",
+        "-q",
+        "7000",
+    ];
+    let output = run_agent(app.netns(), &args, None);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    golden("sidecar-ranges.nft", &ruleset(app.netns()));
+    // The pods' range (172.30.0.0/16 here) is captured; only 8080 is captured inbound.
+    let outbound = proxy_listener(app.netns(), 15001);
+    let _s = connect_as(app.netns(), 0, 0, None, peer.addr(80)).expect("app out");
+    expect_captured(
+        &outbound,
+        peer.addr(80),
+        "app -> peer:80 in an included range",
+    );
+    let _other = app
+        .netns()
+        .echo_server(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 9090)))
+        .expect("app 9090");
+    assert!(echoes(
+        peer.netns()
+            .tcp_connect(app.addr(9090), TIMEOUT)
+            .expect("9090")
+    ));
 }

@@ -307,7 +307,12 @@ async fn sidecar_capture(
     netns: &Path,
 ) -> Result<(), AgentError> {
     let cfg = match sidecar::decide(pod, ips) {
-        Ok(Ok(cfg)) => cfg,
+        Ok(Ok(capture)) => {
+            if capture.dns_requested {
+                warn!(pod = %name, "istio-proxy asks for DNS capture (ISTIO_META_DNS_CAPTURE), which sidecars do not support yet; DNS stays uncaptured");
+            }
+            capture.config
+        }
         Ok(Err(skip)) => {
             if skip != sidecar::Skip::NotInjected {
                 debug!(pod = %name, reason = skip.as_str(), "no sidecar capture from cni-node");

@@ -45,7 +45,8 @@ fn injected_pods_without_istio_init_get_istio_s_defaults() {
         &V4,
     )
     .expect("valid")
-    .expect("captured");
+    .expect("captured")
+    .config;
     assert_eq!(cfg.include_outbound_cidrs, Selection::All);
     assert_eq!(cfg.include_inbound_ports, Selection::All);
     assert_eq!(cfg.exclude_inbound_ports, vec![15020, 15021, 15090]);
@@ -58,7 +59,8 @@ fn injected_pods_without_istio_init_get_istio_s_defaults() {
     let v6: [IpAddr; 1] = ["fd00::5".parse().expect("ip")];
     let cfg = decide(&pod(injected(json!({})), &[], &SIDECAR), &v6)
         .expect("valid")
-        .expect("captured");
+        .expect("captured")
+        .config;
     assert!(cfg.ipv6);
 }
 
@@ -71,12 +73,17 @@ fn annotations_shape_the_rules() {
         "traffic.sidecar.istio.io/excludeInboundPorts": "9090,15021",
         "traffic.sidecar.istio.io/excludeOutboundPorts": "5432",
         "traffic.sidecar.istio.io/excludeInterfaces": "net1",
+        "status.sidecar.istio.io/port": "15999",
     }));
     let cfg = decide(&pod(annotations, &[], &SIDECAR), &V4)
         .expect("valid")
-        .expect("captured");
+        .expect("captured")
+        .config;
     assert_eq!(cfg.include_inbound_ports, Selection::Only(vec![8080, 9090]));
-    assert_eq!(cfg.exclude_inbound_ports, vec![9090, 15021, 15020, 15090]);
+    assert_eq!(
+        cfg.exclude_inbound_ports,
+        vec![9090, 15021, 15020, 15090, 15999]
+    );
     assert_eq!(cfg.exclude_outbound_ports, vec![5432]);
     assert_eq!(cfg.exclude_outbound_cidrs[0].to_string(), "10.96.0.10/32");
     assert_eq!(cfg.exclude_interfaces, vec!["net1".to_string()]);

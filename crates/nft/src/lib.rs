@@ -11,3 +11,6 @@ pub mod dump;
 pub mod model;
 
 pub use model::*;
+
+#[cfg(test)]
+mod tests;

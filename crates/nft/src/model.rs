@@ -1,7 +1,7 @@
 //! The nf_tables model of the capture rules: expressions, rules, chains, sets and the
 //! transaction that carries them, built the way `nft` builds the same rules (so `nft list
-//! ruleset` prints them identically). `nft_batch` turns a transaction into libnftnl objects
-//! and sends it; `nft_dump` reads rules back.
+//! ruleset` prints them identically). [`crate::batch`] turns a transaction into libnftnl
+//! objects and sends it; [`crate::dump`] reads rules back.
 
 use std::io;
 use std::net::IpAddr;
@@ -177,7 +177,7 @@ impl Operation {
 }
 
 /// An nf_tables transaction: every operation is applied atomically, or none is
-/// (`nft_batch::commit` sends it through libnftnl).
+/// ([`crate::batch::commit`] sends it through libnftnl).
 #[derive(Debug, Default)]
 pub struct Batch {
     pub operations: Vec<Operation>,
@@ -264,12 +264,14 @@ impl Batch {
 }
 
 /// Why a batch was refused (nothing of it was applied).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("nftables refused `{op}`: {source}")]
 pub struct BatchError {
     /// The operation refused (`add rule inet istio-ambient-nat istio-output`).
     pub op: String,
     /// The kernel's errno for it, when the kernel answered.
     pub errno: Option<Errno>,
+    #[source]
     pub source: io::Error,
 }
 
@@ -290,16 +292,11 @@ pub fn l4proto(proto: u8) -> Vec<Expr> {
 
 /// `ip saddr|daddr <op> <addr>` (`ip6` for an IPv6 address): `source` picks saddr.
 pub fn addr(source: bool, op: Op, addr: IpAddr) -> Vec<Expr> {
-    let (nfproto, offset) = match (addr, source) {
-        (IpAddr::V4(_), true) => (libc::NFPROTO_IPV4, 12),
-        (IpAddr::V4(_), false) => (libc::NFPROTO_IPV4, 16),
-        (IpAddr::V6(_), true) => (libc::NFPROTO_IPV6, 8),
-        (IpAddr::V6(_), false) => (libc::NFPROTO_IPV6, 24),
-    };
+    let (nfproto, offset, _) = family_field(addr, source);
     let bytes = addr_bytes(addr);
     vec![
         Expr::MetaLoad(MetaKey::NfProto),
-        cmp(Op::Eq, &[nfproto as u8]),
+        cmp(Op::Eq, &[nfproto]),
         Expr::Payload {
             base: Base::Network,
             offset,
@@ -376,18 +373,16 @@ pub fn owner(group: bool, op: Op, id: u32) -> Vec<Expr> {
 }
 
 /// `ip saddr|daddr <op> <net>/<prefix_len>` (`ip6` for an IPv6 network), expanded as `nft`
-/// expands it: a whole-address compare for a host prefix, a masked compare otherwise. A
-/// prefix longer than the address is clamped to a host prefix.
+/// expands it: a whole-address compare for a host prefix, a load of the covered bytes for a
+/// prefix that ends on a byte, otherwise the whole address masked (`/0` included, whose mask
+/// is all zeros: every address of the family, `!=` none). A prefix longer than the address
+/// is clamped to a host prefix.
 pub fn prefix(source: bool, op: Op, net: IpAddr, prefix_len: u8) -> Vec<Expr> {
-    let bits = match net {
-        IpAddr::V4(_) => 32,
-        IpAddr::V6(_) => 128,
-    };
+    let (nfproto, offset, bits) = family_field(net, source);
     let prefix_len = u32::from(prefix_len).min(bits);
     if prefix_len == bits {
         return addr(source, op, net);
     }
-    let mut exprs = addr(source, op, net);
     let bytes = addr_bytes(net);
     let mask: Vec<u8> = (0..bytes.len() as u32)
         .map(|i| {
@@ -396,23 +391,38 @@ pub fn prefix(source: bool, op: Op, net: IpAddr, prefix_len: u8) -> Vec<Expr> {
         })
         .collect();
     let masked: Vec<u8> = bytes.iter().zip(&mask).map(|(b, m)| b & m).collect();
-    // `nft` only loads the bytes the prefix covers.
-    let covered = prefix_len.div_ceil(8) as usize;
-    if let Some(Expr::Payload { len, .. }) = exprs.get_mut(2) {
-        *len = covered as u32;
+    let byte_aligned = prefix_len % 8 == 0 && prefix_len > 0;
+    let len = match byte_aligned {
+        true => (prefix_len / 8) as usize,
+        false => bytes.len(),
+    };
+    let mut exprs = vec![
+        Expr::MetaLoad(MetaKey::NfProto),
+        cmp(Op::Eq, &[nfproto]),
+        Expr::Payload {
+            base: Base::Network,
+            offset,
+            len: len as u32,
+        },
+    ];
+    if !byte_aligned {
+        exprs.push(Expr::Bitwise {
+            mask: mask.clone(),
+            xor: vec![0; len],
+        });
     }
-    let last = exprs.len() - 1;
-    exprs[last] = cmp(op, &masked[..covered]);
-    if prefix_len % 8 != 0 {
-        exprs.insert(
-            last,
-            Expr::Bitwise {
-                mask: mask[..covered].to_vec(),
-                xor: vec![0; covered],
-            },
-        );
-    }
+    exprs.push(cmp(op, &masked[..len]));
     exprs
+}
+
+/// The family number, the address field's offset and the address width of `addr`'s family.
+fn family_field(addr: IpAddr, source: bool) -> (u8, u32, u32) {
+    match (addr, source) {
+        (IpAddr::V4(_), true) => (libc::NFPROTO_IPV4 as u8, 12, 32),
+        (IpAddr::V4(_), false) => (libc::NFPROTO_IPV4 as u8, 16, 32),
+        (IpAddr::V6(_), true) => (libc::NFPROTO_IPV6 as u8, 8, 128),
+        (IpAddr::V6(_), false) => (libc::NFPROTO_IPV6 as u8, 24, 128),
+    }
 }
 
 /// `reg 1 = (reg 1 & mask) ^ xor` on a 32-bit host-order value.

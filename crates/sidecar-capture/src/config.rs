@@ -3,7 +3,7 @@
 //! container's args or into the pod's `traffic.sidecar.istio.io/*` annotations.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 use mesh_capture::{HBONE_PORT, INBOUND_CAPTURE_PORT, OUTBOUND_CAPTURE_PORT};
@@ -11,9 +11,17 @@ use mesh_capture::{HBONE_PORT, INBOUND_CAPTURE_PORT, OUTBOUND_CAPTURE_PORT};
 /// The uid (and gid) the proxy runs as; its own traffic is never captured.
 pub const PROXY_UID: u32 = 1337;
 /// The inbound passthrough source: Envoy connects to the app from `127.0.0.6` (`::6`), and
-/// those connections are never captured again.
-pub const INBOUND_PASSTHROUGH_V4: &str = "127.0.0.6";
-pub const INBOUND_PASSTHROUGH_V6: &str = "::6";
+/// those connections are never captured again. The validation probe dials it too.
+pub const PASSTHROUGH_V4: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 6);
+pub const PASSTHROUGH_V6: Ipv6Addr = Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6);
+
+/// `(loopback, inbound passthrough source)` of IPv4, or of IPv6 when `ipv6`.
+pub fn loopback_and_passthrough(ipv6: bool) -> (IpAddr, IpAddr) {
+    match ipv6 {
+        false => (Ipv4Addr::LOCALHOST.into(), PASSTHROUGH_V4.into()),
+        true => (Ipv6Addr::LOCALHOST.into(), PASSTHROUGH_V6.into()),
+    }
+}
 
 /// An address range: `10.0.0.0/8`, or a bare address (a host range).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +60,7 @@ impl FromStr for Cidr {
         if prefix_len > max {
             return Err(bad());
         }
+
         Ok(Cidr { addr, prefix_len })
     }
 }

@@ -9,6 +9,7 @@
 //! - [`apply`], [`cleanup`], [`is_applied`]: the transactions.
 
 pub mod config;
+mod passthrough;
 pub mod rules;
 pub mod validation;
 
@@ -17,48 +18,42 @@ pub use config::{CaptureConfig, Cidr, ConfigError, InterceptionMode, Selection};
 /// Why the rules could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
-    #[error("nftables refused `{op}`: {source}; nothing of the transaction was applied; does the kernel have nf_tables with nat and redir support, and the process CAP_NET_ADMIN?")]
-    Nftables {
-        op: String,
+    #[error("{0}; nothing of the transaction was applied")]
+    Nftables(#[from] mesh_nft::BatchError),
+    #[error("cannot add {addr} to lo (the IPv6 inbound passthrough source): {source}")]
+    Passthrough {
+        addr: std::net::IpAddr,
         #[source]
-        source: std::io::Error,
+        source: mesh_capture::rtnl::RtnlError,
     },
-    #[error("cannot list the nftables rules: {0}")]
-    Dump(#[source] std::io::Error),
 }
 
 impl CaptureError {
     pub fn reason(&self) -> &'static str {
         match self {
-            CaptureError::Nftables { .. } => "nftables",
-            CaptureError::Dump(_) => "nftables_dump",
+            CaptureError::Nftables(_) => "nftables",
+            CaptureError::Passthrough { .. } => "passthrough_address",
         }
     }
 }
 
-fn refused(error: mesh_nft::BatchError) -> CaptureError {
-    CaptureError::Nftables {
-        op: error.op,
-        source: error.source,
-    }
-}
-
 /// Installs (or replaces) capture in the calling thread's netns, atomically. Returns the
-/// number of rules written.
+/// number of rules written. With IPv6 rules it first puts the IPv6 passthrough source (`::6`)
+/// on `lo`, as Istio does: IPv4's `127.0.0.6` is on `lo` already (`127.0.0.0/8`).
 pub fn apply(cfg: &CaptureConfig) -> Result<usize, CaptureError> {
-    rules::apply_batch(cfg).commit().map_err(refused)?;
+    if cfg.ipv6 {
+        passthrough::add_v6().map_err(|source| CaptureError::Passthrough {
+            addr: config::PASSTHROUGH_V6.into(),
+            source,
+        })?;
+    }
+    rules::apply_batch(cfg).commit()?;
     Ok(rules::rule_count(cfg))
 }
 
 /// Removes capture from the calling thread's netns; absent tables are not an error.
 pub fn cleanup() -> Result<(), CaptureError> {
-    rules::cleanup_batch().commit().map_err(refused)
-}
-
-/// Whether the calling thread's netns holds exactly the rules `cfg` writes.
-pub fn is_applied(cfg: &CaptureConfig) -> Result<bool, CaptureError> {
-    let counts = mesh_nft::dump::rule_counts().map_err(CaptureError::Dump)?;
-    Ok(counts.get(rules::NAT) == Some(&rules::rule_count(cfg)))
+    Ok(rules::cleanup_batch().commit()?)
 }
 
 #[cfg(test)]

@@ -5,11 +5,11 @@
 //! and gid), the inbound passthrough from `127.0.0.6`, loopback and the excluded ports,
 //! addresses and interfaces alone.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use mesh_nft::{self as nft, Batch, ChainKind, Expr, Hook, HookPoint, Op};
 
-use crate::config::{CaptureConfig, Cidr, Selection};
+use crate::config::{self, CaptureConfig, Cidr, Selection};
 
 /// The tables sidecar capture may write (family `inet`). REDIRECT without DNS capture only
 /// needs the first; cleanup removes all three, as Istio's does.
@@ -158,15 +158,9 @@ pub fn nat_chains(cfg: &CaptureConfig) -> Vec<(&'static str, Vec<Vec<Expr>>)> {
 
 /// `(loopback, inbound passthrough source)` of each address family the rules cover.
 fn families(cfg: &CaptureConfig) -> Vec<(IpAddr, IpAddr)> {
-    let mut families = vec![(
-        Ipv4Addr::LOCALHOST.into(),
-        Ipv4Addr::new(127, 0, 0, 6).into(),
-    )];
+    let mut families = vec![config::loopback_and_passthrough(false)];
     if cfg.ipv6 {
-        families.push((
-            Ipv6Addr::LOCALHOST.into(),
-            Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6).into(),
-        ));
+        families.push(config::loopback_and_passthrough(true));
     }
     families
 }

@@ -1,5 +1,5 @@
-//! Settings parsing and the rule set's shape (no privileges needed; the traffic tests are in
-//! `tests/capture.rs`).
+//! Settings parsing and the rule set's shape (no privileges needed; the traffic tests run the
+//! real init step: `pilot-agent/tests/istio_iptables.rs`).
 
 use mesh_nft::{Expr, Verdict};
 

@@ -6,7 +6,7 @@
 //! listeners accepts a connection whose original destination is the probe port.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
@@ -48,22 +48,9 @@ pub enum ValidationError {
 }
 
 impl Validation {
-    fn addresses(&self) -> (IpAddr, IpAddr) {
-        match self.ipv6 {
-            false => (
-                Ipv4Addr::LOCALHOST.into(),
-                Ipv4Addr::new(127, 0, 0, 6).into(),
-            ),
-            true => (
-                Ipv6Addr::LOCALHOST.into(),
-                Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 6).into(),
-            ),
-        }
-    }
-
     /// Runs the check (blocking, at most `timeout` plus one connect attempt).
     pub fn run(&self) -> Result<(), ValidationError> {
-        let (loopback, passthrough) = self.addresses();
+        let (loopback, passthrough) = crate::config::loopback_and_passthrough(self.ipv6);
         let listeners = [self.proxy_port, self.inbound_capture_port]
             .into_iter()
             .map(|port| listen(SocketAddr::new(loopback, port)))
