@@ -116,6 +116,11 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
         certs,
         metrics,
         shutdown: Arc::clone(&trigger),
+        app_probes: crate::app_probe::AppProbes {
+            probers: Arc::new(cfg.app_probers.clone()),
+            target: crate::app_probe::ProbeTarget::new(cfg.instance_ip, cfg.probe_localhost),
+            status_port: config::STATUS_PORT,
+        },
     };
     let server =
         BoundServer::bind((std::net::Ipv4Addr::UNSPECIFIED, config::STATUS_PORT).into()).await?;

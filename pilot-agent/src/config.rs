@@ -15,6 +15,10 @@ use serde::Serialize;
 pub const POD_NAME: &str = "POD_NAME";
 pub const POD_NAMESPACE: &str = "POD_NAMESPACE";
 pub const INSTANCE_IP: &str = "INSTANCE_IP";
+/// The app's rewritten probes (JSON, written by the injector).
+pub const APP_PROBERS: &str = "ISTIO_KUBE_APP_PROBERS";
+/// Probe the app on `localhost` rather than on the pod's IP.
+pub const PROBE_LOCALHOST: &str = "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION";
 pub const SERVICE_ACCOUNT: &str = "SERVICE_ACCOUNT";
 pub const TRUST_DOMAIN: &str = "TRUST_DOMAIN";
 /// The CA address (`host:port` or a URL); defaults to the discovery address.
@@ -147,6 +151,11 @@ pub struct Config {
     pub secret_ttl: Duration,
     /// Node metadata from `ISTIO_META_*` / `ISTIO_METAJSON_*`.
     pub metadata: BTreeMap<String, serde_json::Value>,
+    /// The app's probes served on `/app-health/...` (`ISTIO_KUBE_APP_PROBERS`).
+    #[serde(skip)]
+    pub app_probers: crate::app_probe::Probers,
+    /// Probe `localhost` instead of the pod's IP (`REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION`).
+    pub probe_localhost: bool,
     /// The working directory every relative path is under.
     pub root: PathBuf,
 }
@@ -209,6 +218,12 @@ impl Config {
                 IpAddr::from([0, 0, 0, 0])
             }
         };
+        let app_probers = crate::app_probe::parse(get(APP_PROBERS).unwrap_or_default())
+            .unwrap_or_else(|e| {
+                errors.push(e.to_string());
+                Default::default()
+            });
+        let probe_localhost = get(PROBE_LOCALHOST).is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let proxy_config: ProxyConfigEnv = match get(PROXY_CONFIG) {
             Some(raw) => serde_yaml::from_str(raw).unwrap_or_else(|e| {
                 errors.push(format!(
@@ -316,6 +331,8 @@ impl Config {
             termination_drain_duration,
             secret_ttl,
             metadata,
+            app_probers,
+            probe_localhost,
             root,
         })
     }

@@ -7,10 +7,12 @@
 //! - `envoy`: starting, restarting and draining Envoy;
 //! - `telemetry`: Istio's request metrics from Envoy's access log stream;
 //! - `status`: readiness, merged Prometheus metrics, `/quitquitquit` on 15020;
+//! - `app_probe`: the app's kubelet probes, rewritten to `/app-health/...` on 15020;
 //! - `iptables`: `pilot-agent istio-iptables`, the sidecar's capture init step and its validation.
 
 pub mod admin;
 pub mod app;
+pub mod app_probe;
 pub mod bootstrap;
 pub mod config;
 pub mod envoy;

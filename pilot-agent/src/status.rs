@@ -1,19 +1,22 @@
 //! The agent's status port (15020): `/healthz/ready` (Envoy live and its first CDS and LDS
 //! accepted), `/stats/prometheus` (the agent's metrics merged with Envoy's), `/quitquitquit`
-//! (shut down) and `/drain` (start draining Envoy's listeners).
+//! (shut down), `/drain` (start draining Envoy's listeners) and `/app-health/...` (the app's
+//! rewritten kubelet probes, [`crate::app_probe`]).
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use mesh_runtime::metrics::Metrics;
 use mesh_runtime::signal::ShutdownTrigger;
 use tokio::sync::watch;
 
 use crate::admin::EnvoyAdmin;
+use crate::app_probe::AppProbes;
 use crate::xds_proxy::XdsStatus;
 
 #[derive(Clone)]
@@ -23,6 +26,7 @@ pub struct StatusState {
     pub certs: crate::sds::CertWatch,
     pub metrics: Metrics,
     pub shutdown: Arc<ShutdownTrigger>,
+    pub app_probes: AppProbes,
 }
 
 pub fn router(state: StatusState) -> Router {
@@ -32,6 +36,7 @@ pub fn router(state: StatusState) -> Router {
         .route("/metrics", get(stats))
         .route("/quitquitquit", post(quit))
         .route("/drain", post(drain))
+        .route("/app-health/{*probe}", any(app_health))
         .with_state(state)
 }
 
@@ -116,6 +121,12 @@ fn openmetrics_to_prometheus(text: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The app's probe, whatever the method (the kubelet sends GET); the query is ignored.
+async fn app_health(State(state): State<StatusState>, uri: Uri, headers: HeaderMap) -> Response {
+    let answer = state.app_probes.probe(uri.path(), &headers).await;
+    (answer.status, answer.body).into_response()
 }
 
 async fn quit(State(state): State<StatusState>) -> Response {
