@@ -433,6 +433,46 @@ fn proxy_container(
     container
 }
 
+/// Refuses `traffic.sidecar.istio.io/*` values the capture could not apply (as Istio's
+/// injector does), so a bad range or port fails the pod's admission with the annotation named
+/// rather than its init step or CNI ADD later.
+fn validate_traffic_annotations(pod: &Value) -> Result<(), InjectError> {
+    use mesh_capture::sidecar::{self as capture, ConfigError};
+    type Check = fn(&str) -> Result<(), ConfigError>;
+    let checks: [(&str, Check); 7] = [
+        ("includeOutboundIPRanges", |v| {
+            capture::parse_cidr_selection(v).map(drop)
+        }),
+        ("excludeOutboundIPRanges", |v| {
+            capture::parse_exclude_cidrs(v, "excludeOutboundIPRanges").map(drop)
+        }),
+        ("includeInboundPorts", |v| {
+            capture::parse_port_selection(v).map(drop)
+        }),
+        ("excludeInboundPorts", |v| capture::parse_ports(v).map(drop)),
+        ("includeOutboundPorts", |v| {
+            capture::parse_ports(v).map(drop)
+        }),
+        ("excludeOutboundPorts", |v| {
+            capture::parse_ports(v).map(drop)
+        }),
+        ("excludeInterfaces", |v| {
+            capture::parse_interfaces(v).map(drop)
+        }),
+    ];
+    for (key, check) in checks {
+        let name = format!("{ANN_TRAFFIC}{key}");
+        if let Some(value) = annotation(pod, &name) {
+            check(value).map_err(|e| InjectError::BadAnnotation {
+                annotation: name.clone(),
+                value: value.into(),
+                why: e.to_string(),
+            })?;
+        }
+    }
+    Ok(())
+}
+
 /// `istio-init` (capture set up in the pod, as root with NET_ADMIN / NET_RAW), or with
 /// cni-node `istio-validation` (checks the capture cni-node set up, as the proxy's user).
 fn init_container(
@@ -445,6 +485,7 @@ fn init_container(
             .unwrap_or(default)
             .to_string()
     };
+    validate_traffic_annotations(pod)?;
     let interception = annotation(pod, "sidecar.istio.io/interceptionMode").unwrap_or("REDIRECT");
     match interception {
         "REDIRECT" | "TPROXY" => {}

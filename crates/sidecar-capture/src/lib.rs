@@ -8,7 +8,8 @@
 //! - [`validation`]: the `istio-validation` check that capture works;
 //! - [`apply`], [`cleanup`], [`is_applied`]: the transactions.
 
-pub mod config;
+/// The settings, shared with the injector (which validates pods' annotations with them).
+pub use mesh_capture::sidecar as config;
 mod passthrough;
 pub mod rules;
 pub mod validation;

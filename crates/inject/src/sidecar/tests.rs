@@ -214,6 +214,25 @@ fn bad_input_is_named() {
         inject(&p, &w, &cfg).expect_err("bad port").reason(),
         "bad_annotation"
     );
+    // Capture annotations the init step or cni-node could not apply fail admission.
+    for (key, value, names) in [
+        ("includeOutboundIPRanges", "10.0.0.0/8,10.1", "\"10.1\""),
+        ("excludeOutboundIPRanges", "*", "\"*\""),
+        ("includeInboundPorts", "80,http", "\"http\""),
+        ("excludeOutboundPorts", "70000", "\"70000\""),
+        ("excludeInterfaces", "eth0/1", "\"eth0/1\""),
+    ] {
+        let name = format!("traffic.sidecar.istio.io/{key}");
+        p["metadata"]["annotations"] = json!({ name.clone(): value });
+        let err = inject(&p, &w, &cfg).expect_err(key).to_string();
+        assert!(err.contains(&name) && err.contains(names), "{key}: {err}");
+    }
+    p["metadata"]["annotations"] = json!({
+        "traffic.sidecar.istio.io/includeOutboundIPRanges": "*",
+        "traffic.sidecar.istio.io/excludeOutboundIPRanges": "10.96.0.10/32, 0.0.0.0/0",
+        "traffic.sidecar.istio.io/includeInboundPorts": "",
+    });
+    inject(&p, &w, &cfg).expect("valid capture annotations");
 }
 
 #[test]

@@ -1,12 +1,14 @@
 //! What sidecar capture redirects: the settings of Istio's `istio-iptables` (flags `-p -z -u
 //! -g -m -i -x -b -d -q -o -c`), parsed from the strings the injector writes into the init
-//! container's args or into the pod's `traffic.sidecar.istio.io/*` annotations.
+//! container's args or into the pod's `traffic.sidecar.istio.io/*` annotations. Shared by the
+//! writers of the rules (`mesh-sidecar-capture`) and the injector, which refuses pods whose
+//! annotations would not parse.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
-use mesh_capture::{HBONE_PORT, INBOUND_CAPTURE_PORT, OUTBOUND_CAPTURE_PORT};
+use crate::contract::{HBONE_PORT, INBOUND_CAPTURE_PORT, OUTBOUND_CAPTURE_PORT};
 
 /// The uid (and gid) the proxy runs as; its own traffic is never captured.
 pub const PROXY_UID: u32 = 1337;
@@ -224,7 +226,7 @@ pub fn parse_ids(list: &str) -> Result<Vec<u32>, ConfigError> {
 pub fn parse_interfaces(list: &str) -> Result<Vec<String>, ConfigError> {
     items(list)
         .map(|name| {
-            let valid = name.len() < libc::IFNAMSIZ
+            let valid = name.len() < nix::libc::IFNAMSIZ
                 && !name.contains(['/', ' ', '\0'])
                 && name != "."
                 && name != "..";
