@@ -26,35 +26,9 @@ fn pod_network(pod: &Pod, dns_capture: bool) -> PodNetwork {
     }
 }
 
-/// `nft list ruleset` in `netns` without counter values and handles.
+/// `nft list ruleset` in `netns` without counter values and comments.
 fn ruleset(netns: &Netns) -> String {
-    let text = netns
-        .exec_ok("nft", &["list", "ruleset"])
-        .expect("nft list ruleset");
-    normalize(&text)
-}
-
-fn normalize(text: &str) -> String {
-    let mut out = String::new();
-    for line in text.lines() {
-        let indent = &line[..line.len() - line.trim_start().len()];
-        let mut words = Vec::new();
-        let mut tokens = line.split_whitespace().peekable();
-        while let Some(token) = tokens.next() {
-            let numeric = tokens.peek().is_some_and(|n| n.parse::<u64>().is_ok());
-            match token {
-                "#" => break,
-                "packets" | "bytes" if numeric => {
-                    tokens.next();
-                }
-                _ => words.push(token),
-            }
-        }
-        out.push_str(indent);
-        out.push_str(&words.join(" "));
-        out.push('\n');
-    }
-    out
+    netns.nft_ruleset().expect("nft list ruleset")
 }
 
 /// Compares with `tests/golden/<name>`; `UPDATE_GOLDEN=1` rewrites it.
@@ -62,12 +36,7 @@ fn golden(name: &str, actual: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, actual).expect("write golden");
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; run with UPDATE_GOLDEN=1", path.display()));
-    assert_eq!(actual, expected, "ruleset differs from {}", path.display());
+    mesh_testutil::golden(&path, actual);
 }
 
 fn net_with_pods(hint: &str, pods: u8) -> (TestNet, Vec<Pod>) {

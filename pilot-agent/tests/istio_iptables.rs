@@ -58,27 +58,7 @@ fn run_agent(netns: &Netns, args: &[&str], uid: Option<u32>) -> Output {
 }
 
 fn ruleset(netns: &Netns) -> String {
-    let text = netns
-        .exec_ok("nft", &["list", "ruleset"])
-        .expect("nft list ruleset");
-    text.lines()
-        .map(|line| {
-            let indent = &line[..line.len() - line.trim_start().len()];
-            let mut words: Vec<&str> = Vec::new();
-            let mut tokens = line.split_whitespace().peekable();
-            while let Some(token) = tokens.next() {
-                match token {
-                    "packets" | "bytes"
-                        if tokens.peek().is_some_and(|n| n.parse::<u64>().is_ok()) =>
-                    {
-                        tokens.next();
-                    }
-                    _ => words.push(token),
-                }
-            }
-            format!("{indent}{}\n", words.join(" "))
-        })
-        .collect()
+    netns.nft_ruleset().expect("nft list ruleset")
 }
 
 /// Compares with `tests/golden/<name>`; `UPDATE_GOLDEN=1` rewrites it.
@@ -86,12 +66,7 @@ fn golden(name: &str, actual: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/golden")
         .join(name);
-    if std::env::var_os("UPDATE_GOLDEN").is_some() {
-        std::fs::write(&path, actual).expect("write golden");
-    }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}; run with UPDATE_GOLDEN=1", path.display()));
-    assert_eq!(actual, expected, "ruleset differs from {}", path.display());
+    mesh_testutil::golden(&path, actual);
 }
 
 /// A listener standing in for the proxy's `port`: reports each connection's original

@@ -7,6 +7,7 @@ mod envoy;
 mod fake_ads;
 mod fake_ca;
 mod fake_zds;
+mod golden;
 mod http_app;
 mod jwt;
 pub mod kube_api;
@@ -23,6 +24,7 @@ pub use fake_ca::{FakeCa, FakeCaError, RecordedRequest, IMPERSONATED_IDENTITY};
 pub use fake_zds::{
     workload_info, AckResult, FakeZds, FakeZdsError, SnapshotItem, ACK_DEADLINE, CONNECT_WAIT,
 };
+pub use golden::golden;
 pub use http_app::{http_call, http_get, http_request, HttpApp, HttpClientError, HttpResponse};
 pub use jwt::{JwtIssuer, JwtIssuerError};
 pub use memory_snapshot::MemorySnapshot;

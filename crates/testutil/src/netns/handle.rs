@@ -94,6 +94,13 @@ impl Netns {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// `nft list ruleset` in this namespace without counter values and comments (what
+    /// golden files and comparisons between namespaces want).
+    pub fn nft_ruleset(&self) -> Result<String, NetnsError> {
+        let text = self.exec_ok("nft", &["list", "ruleset"])?;
+        Ok(normalize_nft(&text))
+    }
+
     /// `ip -n <name> <args>`, failing on a non-zero status; returns stdout.
     pub fn ip(&self, args: &[&str]) -> Result<String, NetnsError> {
         cmd::ip(Some(&self.name), args)
@@ -169,4 +176,28 @@ impl Drop for ChildGuard {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Drops `packets N bytes N` and `# ...` comments from `nft` output, keeping the layout.
+fn normalize_nft(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let mut words = Vec::new();
+        let mut tokens = line.split_whitespace().peekable();
+        while let Some(token) = tokens.next() {
+            let numeric = tokens.peek().is_some_and(|n| n.parse::<u64>().is_ok());
+            match token {
+                "#" => break,
+                "packets" | "bytes" if numeric => {
+                    tokens.next();
+                }
+                _ => words.push(token),
+            }
+        }
+        out.push_str(indent);
+        out.push_str(&words.join(" "));
+        out.push('\n');
+    }
+    out
 }
