@@ -8,7 +8,8 @@
 //! - `telemetry`: Istio's request metrics from Envoy's access log stream;
 //! - `status`: readiness, merged Prometheus metrics, `/quitquitquit` on 15020;
 //! - `app_probe`: the app's kubelet probes, rewritten to `/app-health/...` on 15020;
-//! - `iptables`: `pilot-agent istio-iptables`, the sidecar's capture init step and its validation.
+//! - `iptables`: `pilot-agent istio-iptables`, the sidecar's capture init step and its validation;
+//! - `wait`: `pilot-agent wait`, the app containers' hold until the proxy is ready.
 
 pub mod admin;
 pub mod app;
@@ -20,4 +21,5 @@ pub mod iptables;
 pub mod sds;
 pub mod status;
 pub mod telemetry;
+pub mod wait;
 pub mod xds_proxy;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use pilot_agent::config::{Config, ProxyArgs, ProxyType};
 use pilot_agent::iptables::IptablesArgs;
+use pilot_agent::wait::WaitArgs;
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +47,8 @@ enum Command {
     /// Writes (or checks, or removes) a sidecar pod's traffic capture, as Istio's init step.
     #[command(name = "istio-iptables")]
     IstioIptables(Box<IptablesArgs>),
+    /// Waits until the proxy is ready (the app containers' postStart hook).
+    Wait(WaitArgs),
 }
 
 fn main() -> ExitCode {
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
             },
         ),
         Command::IstioIptables(args) => return istio_iptables(&args),
+        Command::Wait(args) => return wait(&args),
     };
     let root = std::env::current_dir().unwrap_or_else(|_| "/".into());
     let vars: Vec<(String, String)> = std::env::vars().collect();
@@ -104,21 +108,30 @@ fn main() -> ExitCode {
         Ok(json) => tracing::info!(config = %json, "starting pilot-agent"),
         Err(e) => tracing::warn!(error = %e, "cannot render the configuration"),
     }
+    block_on("pilot-agent", async {
+        pilot_agent::app::run(config).await.map_err(|e| {
+            tracing::error!(reason = e.reason(), "pilot-agent failed: {e}");
+            e.to_string()
+        })
+    })
+}
+
+/// Runs `work` on a current-thread runtime; an error is printed after `what`.
+fn block_on(what: &str, work: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("pilot-agent: cannot start the runtime: {e}");
+            eprintln!("{what}: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(pilot_agent::app::run(config)) {
+    match runtime.block_on(work) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(reason = e.reason(), "pilot-agent failed: {e}");
-            eprintln!("pilot-agent: {e}");
+            eprintln!("{what}: {e}");
             ExitCode::FAILURE
         }
     }
@@ -133,4 +146,13 @@ fn istio_iptables(args: &IptablesArgs) -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+fn wait(args: &WaitArgs) -> ExitCode {
+    block_on("pilot-agent wait", async {
+        pilot_agent::wait::run(args).await.map_err(|e| {
+            tracing::error!("pilot-agent wait: {e}");
+            e.to_string()
+        })
+    })
 }
