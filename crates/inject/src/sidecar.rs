@@ -161,6 +161,70 @@ fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
         .as_str()
 }
 
+/// The pod's own proxy configuration (`proxy.istio.io/config`, YAML or JSON) laid over the
+/// mesh's `defaultConfig`.
+pub const PROXY_CONFIG_ANNOTATION: &str = "proxy.istio.io/config";
+/// The proxy's resources, by annotation: when any is set, they replace the values' resources.
+const RESOURCE_ANNOTATIONS: [(&str, &str, &str); 4] = [
+    ("sidecar.istio.io/proxyCPU", "requests", "cpu"),
+    ("sidecar.istio.io/proxyMemory", "requests", "memory"),
+    ("sidecar.istio.io/proxyCPULimit", "limits", "cpu"),
+    ("sidecar.istio.io/proxyMemoryLimit", "limits", "memory"),
+];
+
+/// Lays `overlay` over `base`, objects key by key (as a ProtoBuf message merge does for the
+/// fields the proxy configuration has), anything else replaced.
+fn merge(base: &mut Value, overlay: &Value) {
+    match (base, overlay) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+/// The configuration for this pod: the injector's, with the pod's proxy configuration and
+/// resource annotations applied.
+fn pod_config<'a>(
+    pod: &Value,
+    cfg: &'a InjectConfig,
+) -> Result<std::borrow::Cow<'a, InjectConfig>, InjectError> {
+    let own_config = annotation(pod, PROXY_CONFIG_ANNOTATION);
+    let resources = RESOURCE_ANNOTATIONS
+        .iter()
+        .filter_map(|(key, kind, what)| annotation(pod, key).map(|v| (*key, *kind, *what, v)))
+        .collect::<Vec<_>>();
+    if own_config.is_none() && resources.is_empty() {
+        return Ok(std::borrow::Cow::Borrowed(cfg));
+    }
+    let mut cfg = cfg.clone();
+    if let Some(text) = own_config {
+        let bad = |why: String| InjectError::BadAnnotation {
+            annotation: PROXY_CONFIG_ANNOTATION.into(),
+            value: text.into(),
+            why,
+        };
+        let overlay: Value = serde_yaml::from_str(text).map_err(|e| bad(e.to_string()))?;
+        if !overlay.is_object() && !overlay.is_null() {
+            return Err(bad("not a ProxyConfig mapping".into()));
+        }
+        merge(&mut cfg.proxy_config, &overlay);
+        if cfg.proxy_config["holdApplicationUntilProxyStarts"] == Value::Bool(true) {
+            cfg.hold_application = true;
+        }
+    }
+    if !resources.is_empty() {
+        let mut out = json!({});
+        for (_, kind, what, value) in resources {
+            out[kind][what] = Value::String(value.to_string());
+        }
+        cfg.resources = out;
+    }
+    Ok(std::borrow::Cow::Owned(cfg))
+}
+
 /// Injects `pod` (an object with `metadata` and `spec`: a Pod, or a workload's pod template)
 /// and returns the injected pod.
 pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Value, InjectError> {
@@ -180,6 +244,8 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
             expected: "an object",
         });
     }
+    let per_pod = pod_config(&pod, cfg)?;
+    let cfg = &per_pod;
     let status_port = match annotation(&pod, "status.sidecar.istio.io/port") {
         Some(p) => p.parse::<u16>().map_err(|_| InjectError::BadAnnotation {
             annotation: "status.sidecar.istio.io/port".into(),

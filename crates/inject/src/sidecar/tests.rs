@@ -183,6 +183,55 @@ fn with_cni_the_init_step_only_validates_and_annotations_tune_capture() {
 }
 
 #[test]
+fn the_pods_proxy_config_and_resource_annotations_apply_to_it_alone() {
+    let cfg = InjectConfig::from_values(&json!({
+        "meshConfig": {"defaultConfig": {"discoveryAddress": "istiod.istio-system.svc:15012", "proxyMetadata": {"A": "1"}}}
+    }));
+    let w = Workload::new("shop", "Pod", "v1", "x");
+    let mut p = pod();
+    p["metadata"]["annotations"] = json!({
+        "proxy.istio.io/config": "holdApplicationUntilProxyStarts: true\nproxyMetadata:\n  B: \"2\"\n",
+        "sidecar.istio.io/proxyCPU": "50m",
+        "sidecar.istio.io/proxyMemoryLimit": "256Mi",
+    });
+    let out = inject(&p, &w, &cfg).expect("injected");
+    let proxy = &out["spec"]["containers"][0];
+    assert_eq!(proxy["name"], "istio-proxy", "held: the proxy comes first");
+    assert_eq!(
+        proxy["lifecycle"]["postStart"]["exec"]["command"],
+        json!(["pilot-agent", "wait"])
+    );
+    let env = |name: &str| {
+        proxy["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == name))
+            .map(|v| v["value"].clone())
+    };
+    let proxy_config: Value = serde_json::from_str(
+        env("PROXY_CONFIG")
+            .and_then(|v| v.as_str().map(String::from))
+            .as_deref()
+            .unwrap_or("{}"),
+    )
+    .expect("json");
+    assert_eq!(
+        proxy_config["discoveryAddress"],
+        "istiod.istio-system.svc:15012"
+    );
+    assert_eq!(proxy_config["proxyMetadata"], json!({"A": "1", "B": "2"}));
+    assert_eq!(
+        proxy["resources"],
+        json!({"requests": {"cpu": "50m"}, "limits": {"memory": "256Mi"}})
+    );
+    // Another pod keeps the injector's defaults.
+    let plain = inject(&pod(), &w, &cfg).expect("injected");
+    assert_ne!(plain["spec"]["containers"][0]["name"], "istio-proxy");
+    p["metadata"]["annotations"] = json!({"proxy.istio.io/config": "[1, 2"});
+    let err = inject(&p, &w, &cfg).expect_err("bad yaml").to_string();
+    assert!(err.contains("proxy.istio.io/config"), "{err}");
+}
+
+#[test]
 fn bad_input_is_named() {
     let cfg = InjectConfig::default();
     let w = Workload::new("shop", "Pod", "v1", "x");
