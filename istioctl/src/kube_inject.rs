@@ -156,7 +156,7 @@ fn inject_object(
             }
         }
     }
-    if let Decision::Skip(why) = decide(template, &namespace, cfg.policy) {
+    if let Decision::Skip(why) = decide(template, &namespace, cfg) {
         skipped.push(format!("{kind} {namespace}/{name}: {why}"));
         return Ok(());
     }

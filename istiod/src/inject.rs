@@ -168,7 +168,7 @@ pub fn review(config: &InjectConfig, body: &[u8]) -> Result<Value, String> {
         .as_str()
         .or_else(|| pod["metadata"]["generateName"].as_str())
         .unwrap_or_default();
-    if let Decision::Skip(why) = decide(pod, namespace, config.policy) {
+    if let Decision::Skip(why) = decide(pod, namespace, config) {
         tracing::debug!(pod = %format!("{namespace}/{name}"), %why, "not injected");
         return Ok(answer(json!({"uid": uid, "allowed": true})));
     }

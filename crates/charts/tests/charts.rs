@@ -819,7 +819,8 @@ fn istiod_renders_the_injector_webhooks_and_the_configuration_it_reads() {
     let rendered = render(
         "istiod",
         json!({"global": {"hub": "registry.example/mesh", "tag": "2.0"},
-               "sidecarInjectorWebhook": {"enabled": true}}),
+               "sidecarInjectorWebhook": {"enabled": true,
+                   "neverInjectSelector": [{"matchLabels": {"team": "batch"}}]}}),
     );
     let webhook = rendered
         .get("MutatingWebhookConfiguration", "istio-sidecar-injector")
@@ -873,7 +874,19 @@ fn istiod_renders_the_injector_webhooks_and_the_configuration_it_reads() {
     let inject = mesh_inject::InjectConfig::from_values(&values);
     assert_eq!(inject.image(), "registry.example/mesh/proxyv2:2.0");
     assert_eq!(inject.ca_address, "istiod.istio-system.svc:15012");
-    assert_eq!(config.value["data"]["config"], "policy: enabled");
+    let policy: Value =
+        serde_yaml::from_str(config.value["data"]["config"].as_str().expect("config"))
+            .expect("YAML config");
+    assert_eq!(
+        policy,
+        serde_json::json!({"policy": "enabled", "alwaysInjectSelector": [],
+            "neverInjectSelector": [{"matchLabels": {"team": "batch"}}]})
+    );
+    assert_eq!(
+        inject.never_inject.len(),
+        1,
+        "the injector reads the selectors"
+    );
     let deployment = rendered.get("Deployment", "istiod").expect("istiod");
     let mounts = deployment.value["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
         .as_array()

@@ -36,6 +36,12 @@ pub struct InjectConfig {
     /// so the init step only validates it.
     pub cni: bool,
     pub policy: Policy,
+    /// `sidecarInjectorWebhook.neverInjectSelector`: pods they select are not injected unless
+    /// the pod says so itself.
+    pub never_inject: Vec<crate::selector::LabelSelector>,
+    /// `sidecarInjectorWebhook.alwaysInjectSelector`: pods they select are injected unless
+    /// the pod says otherwise (the never list wins).
+    pub always_inject: Vec<crate::selector::LabelSelector>,
     pub rewrite_probes: bool,
     pub hold_application: bool,
     pub token_audience: String,
@@ -110,6 +116,14 @@ impl InjectConfig {
                 Some("disabled") => Policy::Disabled,
                 _ => Policy::Enabled,
             },
+            never_inject: crate::selector::parse_list(
+                &values["sidecarInjectorWebhook"]["neverInjectSelector"],
+                "sidecarInjectorWebhook.neverInjectSelector",
+            ),
+            always_inject: crate::selector::parse_list(
+                &values["sidecarInjectorWebhook"]["alwaysInjectSelector"],
+                "sidecarInjectorWebhook.alwaysInjectSelector",
+            ),
             rewrite_probes: flag(
                 &values["sidecarInjectorWebhook"]["rewriteAppHTTPProbe"],
                 true,

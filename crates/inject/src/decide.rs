@@ -2,11 +2,13 @@
 //! the pod through: never host-network pods or pods of the system namespaces; the pod's
 //! `sidecar.istio.io/inject` label (or, without it, the annotation of that name) says `true`
 //! (or `y`, `yes`, `on`, in any case) or anything else (`false`); saying nothing follows the
-//! policy.
+//! injector's `neverInjectSelector` (a match skips), then its `alwaysInjectSelector` (a match
+//! injects), then the policy.
 
 use serde_json::Value;
 
-use crate::config::Policy;
+use crate::config::{InjectConfig, Policy};
+use crate::selector::any_matches;
 
 /// Namespaces whose pods are never injected.
 pub const IGNORED_NAMESPACES: [&str; 4] = [
@@ -23,8 +25,10 @@ pub enum Decision {
     Skip(String),
 }
 
-/// Whether the pod (`metadata` and `spec`) in `namespace` is injected under `policy`.
-pub fn decide(pod: &Value, namespace: &str, policy: Policy) -> Decision {
+/// Whether the pod (`metadata` and `spec`) in `namespace` is injected under `cfg`'s policy and
+/// selectors.
+pub fn decide(pod: &Value, namespace: &str, cfg: &InjectConfig) -> Decision {
+    let policy = cfg.policy;
     if pod["spec"]["hostNetwork"] == Value::Bool(true) {
         return Decision::Skip("the pod uses the host network".into());
     }
@@ -39,6 +43,17 @@ pub fn decide(pod: &Value, namespace: &str, policy: Policy) -> Decision {
         .to_ascii_lowercase();
     // As Istio reads it: y, yes, true or on inject; any other value does not; none (or an
     // empty one) leaves it to the policy.
+    if said.is_empty() {
+        let labels = &pod["metadata"]["labels"];
+        if any_matches(&cfg.never_inject, labels) {
+            return Decision::Skip(
+                "the pod's labels match the injector's neverInjectSelector".into(),
+            );
+        }
+        if any_matches(&cfg.always_inject, labels) {
+            return Decision::Inject;
+        }
+    }
     match (said.as_str(), policy) {
         ("y" | "yes" | "true" | "on", _) => Decision::Inject,
         ("", Policy::Enabled) => Decision::Inject,

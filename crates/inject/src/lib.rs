@@ -9,6 +9,7 @@
 pub mod config;
 pub mod decide;
 pub mod probes;
+pub mod selector;
 mod sidecar;
 
 pub use config::{InjectConfig, Policy};

@@ -288,46 +288,90 @@ fn bad_input_is_named() {
 fn decisions_follow_the_label_then_the_annotation_then_the_policy() {
     let p = |labels: Value, annotations: Value| json!({"metadata": {"labels": labels, "annotations": annotations}, "spec": {}});
     let inject_label = |v: &str| json!({"sidecar.istio.io/inject": v});
+    let enabled = InjectConfig::default();
+    let disabled = InjectConfig {
+        policy: Policy::Disabled,
+        ..InjectConfig::default()
+    };
     assert_eq!(
-        decide(&p(json!({}), json!({})), "shop", Policy::Enabled),
+        decide(&p(json!({}), json!({})), "shop", &enabled),
         Decision::Inject
     );
     assert!(matches!(
-        decide(&p(json!({}), json!({})), "shop", Policy::Disabled),
+        decide(&p(json!({}), json!({})), "shop", &disabled),
         Decision::Skip(_)
     ));
     assert_eq!(
-        decide(
-            &p(inject_label("true"), json!({})),
-            "shop",
-            Policy::Disabled
-        ),
+        decide(&p(inject_label("true"), json!({})), "shop", &disabled),
         Decision::Inject
     );
     assert!(matches!(
         decide(
             &p(inject_label("false"), inject_label("true")),
             "shop",
-            Policy::Enabled
+            &enabled
         ),
         Decision::Skip(_)
     ));
     assert_eq!(
-        decide(
-            &p(json!({}), inject_label("true")),
-            "shop",
-            Policy::Disabled
-        ),
+        decide(&p(json!({}), inject_label("true")), "shop", &disabled),
         Decision::Inject
     );
     assert!(matches!(
-        decide(&p(json!({}), json!({})), "kube-system", Policy::Enabled),
+        decide(&p(json!({}), json!({})), "kube-system", &enabled),
         Decision::Skip(_)
     ));
     let mut host = p(json!({}), json!({}));
     host["spec"]["hostNetwork"] = json!(true);
+    assert!(matches!(decide(&host, "shop", &enabled), Decision::Skip(_)));
+}
+
+#[test]
+fn never_and_always_selectors_decide_pods_that_say_nothing() {
+    let values = |policy: &str| {
+        json!({
+            "global": {"proxy": {"autoInject": policy}},
+            "sidecarInjectorWebhook": {
+                "neverInjectSelector": [
+                    {"matchExpressions": [{"key": "openshift.io/build.name", "operator": "Exists"}]},
+                    {"matchLabels": {"team": "batch"}},
+                    {},
+                    {"matchExpressions": [{"key": "x", "operator": "Near", "values": ["y"]}]},
+                ],
+                "alwaysInjectSelector": [
+                    {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["web", "api"]}]},
+                    {"matchLabels": {"team": "batch"}},
+                ],
+            }
+        })
+    };
+    let enabled = InjectConfig::from_values(&values("enabled"));
+    let disabled = InjectConfig::from_values(&values("disabled"));
+    // The invalid selector is left out; the empty one selects nothing.
+    assert_eq!(enabled.never_inject.len(), 3);
+    let pod = |labels: Value| json!({"metadata": {"labels": labels}, "spec": {}});
+    let build = pod(json!({"openshift.io/build.name": "b1"}));
+    assert!(
+        matches!(decide(&build, "shop", &enabled), Decision::Skip(why) if why.contains("neverInjectSelector"))
+    );
+    let web = pod(json!({"tier": "web"}));
+    assert_eq!(decide(&web, "shop", &disabled), Decision::Inject);
     assert!(matches!(
-        decide(&host, "shop", Policy::Enabled),
+        decide(&pod(json!({"tier": "db"})), "shop", &disabled),
         Decision::Skip(_)
     ));
+    // Never wins over always.
+    assert!(matches!(
+        decide(&pod(json!({"team": "batch"})), "shop", &disabled),
+        Decision::Skip(_)
+    ));
+    // The pod's own word wins over both.
+    let mut said = build.clone();
+    said["metadata"]["labels"]["sidecar.istio.io/inject"] = json!("true");
+    assert_eq!(decide(&said, "shop", &enabled), Decision::Inject);
+    // An empty selector ({}) matches nothing: other pods follow the policy.
+    assert_eq!(
+        decide(&pod(json!({"a": "b"})), "shop", &enabled),
+        Decision::Inject
+    );
 }
