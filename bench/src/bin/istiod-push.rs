@@ -4,8 +4,11 @@
 //! Measures the time from one Pod change (a file renamed in place, or an update through the
 //! API) until every client has it, and istiod's RSS. Prints a table.
 //!
+//! With `--csr-storm N` (default 1,000) it then sends N concurrent CreateCertificate calls to
+//! the CA and changes one Pod while they run, to show how much the storm delays a push.
+//!
 //! Usage: istiod-push --istiod <path-to-istiod-binary> [--source dir|kube --pods 10000
-//!        --services 1000 --clients 500 --changes 20]
+//!        --services 1000 --clients 500 --changes 20 --csr-storm 1000]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -60,7 +63,14 @@ struct Args {
     /// Where istiod reads the cluster: `dir` (YAML files) or `kube` (the fake API server).
     #[arg(long, default_value = "dir")]
     source: SourceKind,
+    /// Concurrent CreateCertificate calls during the storm phase (0: no storm).
+    #[arg(long, default_value_t = 1_000)]
+    csr_storm: usize,
 }
+
+/// The bearer token the storm's CSRs carry, and the identity istiod's token file gives it.
+const STORM_TOKEN: &str = "bench-storm-token";
+const STORM_IDENTITY: &str = "spiffe://cluster.local/ns/ns-0/sa/default";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum SourceKind {
@@ -326,7 +336,10 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&dir)?;
     std::fs::create_dir_all(&state)?;
     let tokens = root.join("tokens.yaml");
-    std::fs::write(&tokens, "tokens: []\n")?;
+    std::fs::write(
+        &tokens,
+        format!("tokens:\n- token: {STORM_TOKEN}\n  identity: {STORM_IDENTITY}\n"),
+    )?;
     let t = Instant::now();
     let pod_ids = write_cluster(&dir, args.pods, args.services)?;
     eprintln!(
@@ -356,7 +369,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     let mut istiod = start_istiod(&args, &cluster, &state, &tokens)?;
-    let result = run(&args, &cluster, &pod_ids, istiod.id()).await;
+    let result = run(&args, &cluster, &pod_ids, istiod.id(), &state).await;
     let _ = istiod.kill();
     let _ = istiod.wait();
     let _ = std::fs::remove_dir_all(&root);
@@ -381,6 +394,7 @@ async fn run(
     cluster: &Cluster,
     pod_ids: &[(usize, usize)],
     pid: u32,
+    state: &Path,
 ) -> anyhow::Result<()> {
     let ready_after = wait_ready(args.base_port + 80).await?;
     let rss_idle = rss_mib(pid)?;
@@ -456,6 +470,14 @@ async fn run(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let storm = match args.csr_storm {
+        0 => None,
+        n => {
+            let (ns, i) = pod_ids[(args.warmup + args.changes) * 7919 % pod_ids.len()];
+            let change = args.warmup + args.changes + 1;
+            Some(csr_storm(args, cluster, state, n, (ns, i, change), &mut seen_rx).await?)
+        }
+    };
     let rss_after = rss_mib(pid)?;
     let rss_peak = status_mib(pid, "VmHWM")?;
     MEASURED.store(true, Ordering::Relaxed);
@@ -504,7 +526,126 @@ async fn run(
                 "istiod RSS peak (VmHWM)".into(),
                 format!("{rss_peak:.0} MiB"),
             ],
-        ],
+        ]
+        .into_iter()
+        .chain(
+            storm
+                .map(|s| s.rows(percentile(&mut all_clients, 50.0)))
+                .into_iter()
+                .flatten(),
+        )
+        .collect::<Vec<_>>(),
     );
     Ok(())
+}
+
+/// What the CSR storm phase measured.
+struct Storm {
+    calls: usize,
+    signed: usize,
+    duration: Duration,
+    /// One Pod change made as the storm started, until every client had it.
+    push_during: Duration,
+}
+
+impl Storm {
+    fn rows(&self, quiet_p50_ms: f64) -> Vec<Vec<String>> {
+        let during = self.push_during.as_secs_f64() * 1e3;
+        vec![
+            vec![
+                "CSR storm: concurrent CreateCertificate calls / signed".into(),
+                format!("{} / {}", self.calls, self.signed),
+            ],
+            vec![
+                "CSR storm: all answered after".into(),
+                format!("{:.0} ms", self.duration.as_secs_f64() * 1e3),
+            ],
+            vec![
+                "one Pod change during the storm -> every client has it".into(),
+                format!("{during:.1} ms"),
+            ],
+            vec![
+                "push delay from the storm (target <= 50 ms)".into(),
+                format!("{:+.1} ms against the quiet p50", during - quiet_p50_ms),
+            ],
+        ]
+    }
+}
+
+/// Sends `calls` CreateCertificate requests at once (CSRs made beforehand) and changes one
+/// Pod as they go out; returns when both the calls and the change are done.
+async fn csr_storm(
+    args: &Args,
+    cluster: &Cluster,
+    state: &Path,
+    calls: usize,
+    (ns, i, version): (usize, usize, usize),
+    seen_rx: &mut mpsc::UnboundedReceiver<(String, Instant)>,
+) -> anyhow::Result<Storm> {
+    use mesh_proto::ca::{
+        istio_certificate_service_client::IstioCertificateServiceClient, IstioCertificateRequest,
+    };
+    let identity: mesh_identity::Identity = STORM_IDENTITY.parse()?;
+    let t = Instant::now();
+    let csrs: Vec<String> = (0..calls)
+        .map(|_| mesh_identity::generate_csr(&identity).map(|c| c.csr_pem))
+        .collect::<Result<_, _>>()?;
+    eprintln!("made {calls} CSRs in {:?}; the storm starts", t.elapsed());
+    let root = state.join("root-cert.pem");
+    let address = format!("https://127.0.0.1:{}", args.base_port + 12);
+    let channel = mesh_certs::grpc_channel(&address, &root)?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for csr in csrs {
+        let mut client = IstioCertificateServiceClient::new(channel.clone());
+        tasks.spawn(async move {
+            let mut request = tonic::Request::new(IstioCertificateRequest {
+                csr,
+                validity_duration: 3600,
+                metadata: None,
+            });
+            let token = format!("Bearer {STORM_TOKEN}").parse();
+            if let Ok(token) = token {
+                request.metadata_mut().insert("authorization", token);
+            }
+            client.create_certificate(request).await.is_ok()
+        });
+    }
+    // The change goes in while the calls are in flight.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let name = format!("Kubernetes//Pod/ns-{ns}/pod-{i}");
+    let t0 = cluster.change_pod(ns, i, version)?;
+    let mut got = 0;
+    let mut last = t0;
+    let deadline = t0 + Duration::from_secs(60);
+    while got < args.clients {
+        let (n, at) = tokio::time::timeout_at(deadline.into(), seen_rx.recv())
+            .await
+            .with_context(|| {
+                format!(
+                    "storm change: only {got}/{} clients got {name}",
+                    args.clients
+                )
+            })?
+            .context("clients gone")?;
+        if n == name {
+            got += 1;
+            last = at;
+        }
+    }
+    let push_during = last.duration_since(t0);
+    let mut signed = 0;
+    while let Some(ok) = tasks.join_next().await {
+        signed += usize::from(ok.unwrap_or(false));
+    }
+    let duration = started.elapsed();
+    eprintln!(
+        "storm: {signed}/{calls} signed in {duration:?}; the change reached every client after {push_during:?}"
+    );
+    Ok(Storm {
+        calls,
+        signed,
+        duration,
+        push_during,
+    })
 }
