@@ -83,6 +83,8 @@ pub enum CaServiceError {
     },
     #[error("{0}")]
     Ca(#[from] CaError),
+    #[error("the signing task failed: {0}")]
+    Signer(String),
 }
 
 impl CaServiceError {
@@ -100,6 +102,7 @@ impl CaServiceError {
             CaServiceError::NotOnNode { .. } => "impersonation_not_on_node",
             CaServiceError::ForeignTrustDomain { .. } => "impersonation_foreign_trust_domain",
             CaServiceError::Ca(e) => e.reason(),
+            CaServiceError::Signer(_) => "signer",
         }
     }
 
@@ -120,7 +123,7 @@ impl CaServiceError {
             | CaServiceError::ForeignTrustDomain { .. } => Code::PermissionDenied,
             CaServiceError::Ca(e) if e.is_bad_request() => Code::InvalidArgument,
             CaServiceError::Ca(e) if e.is_permission_denied() => Code::PermissionDenied,
-            CaServiceError::Ca(_) => Code::Internal,
+            CaServiceError::Ca(_) | CaServiceError::Signer(_) => Code::Internal,
         }
     }
 }
@@ -235,7 +238,7 @@ impl CaService {
             Ok(c) => c,
             Err(e) => return (None, Err(e)),
         };
-        let result = self.authorize_and_sign(&caller, request.get_ref());
+        let result = self.authorize_and_sign(&caller, request.get_ref()).await;
         (Some(caller), result)
     }
 
@@ -257,7 +260,10 @@ impl CaService {
         Ok(caller)
     }
 
-    fn authorize_and_sign(
+    /// Checks who the certificate is for, then signs it on the blocking pool: parsing and
+    /// verifying the CSR and signing take CPU time that must not hold up the runtime's thread,
+    /// which also serves xDS pushes (a storm of CSRs would otherwise delay every push).
+    async fn authorize_and_sign(
         &self,
         caller: &Caller,
         req: &IstioCertificateRequest,
@@ -270,7 +276,12 @@ impl CaService {
             .ok()
             .filter(|s| *s > 0)
             .map(Duration::from_secs);
-        let chain = self.ca.current().sign_csr(&req.csr, &identity, ttl)?;
+        let ca = self.ca.current();
+        let csr = req.csr.clone();
+        let signing = identity.clone();
+        let chain = tokio::task::spawn_blocking(move || ca.sign_csr(&csr, &signing, ttl))
+            .await
+            .map_err(|e| CaServiceError::Signer(e.to_string()))??;
         Ok((identity, chain))
     }
 
