@@ -19,6 +19,21 @@ use crate::istiod::{Istiod, SECURE_GRPC_PORT};
 pub const ADMIN_PORT: u16 = 15000;
 pub const STATUS_PORT: u16 = 15020;
 pub const READINESS_PORT: u16 = 15021;
+/// The user and group a sidecar runs as (what the capture lets through).
+pub const SIDECAR_UID: u32 = 1337;
+
+/// Hands `dir` and everything in it to `uid` (a sidecar's files, which it writes to).
+fn give_to(dir: &Path, uid: u32) {
+    std::os::unix::fs::chown(dir, Some(uid), Some(uid)).expect("chown");
+    for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            give_to(&path, uid);
+        } else {
+            std::os::unix::fs::chown(&path, Some(uid), Some(uid)).expect("chown");
+        }
+    }
+}
 
 /// The Envoy binary the tests run (installed by scripts/install-deps.sh).
 pub fn envoy_path() -> PathBuf {
@@ -81,6 +96,8 @@ pub struct Waypoint {
     dir: tempfile::TempDir,
     env: Vec<(String, String)>,
     args: Vec<String>,
+    /// The user (and group) the agent runs as; `None`: the harness's own (root).
+    uid: Option<u32>,
     child: Option<ChildGuard>,
 }
 
@@ -116,6 +133,71 @@ impl Waypoint {
     /// Gateway's name) against `istiod`, with the environment and mounts the waypoint
     /// template gives its container, written out by hand.
     pub fn start(pod: &MeshPod, istiod: &Istiod, extra: &[(&str, &str)]) -> Waypoint {
+        let (dir, env) = Waypoint::pod_files(pod, istiod, extra);
+        let spec = &pod.spec;
+        let args = vec![
+            "proxy".to_string(),
+            "waypoint".to_string(),
+            "--domain".to_string(),
+            format!("{}.svc.cluster.local", spec.namespace),
+            "--serviceCluster".to_string(),
+            format!("{}.{}", spec.service_account, spec.namespace),
+        ];
+        Waypoint::launch(pod, dir, env, args, None)
+    }
+
+    /// Starts the sidecar of `pod` as an injected pod runs it: the init step
+    /// (`pilot-agent istio-iptables` with the injector's default arguments) writes the capture
+    /// in the pod's namespace, then `pilot-agent proxy sidecar` runs as uid and gid 1337.
+    pub fn start_sidecar(pod: &MeshPod, istiod: &Istiod, extra: &[(&str, &str)]) -> Waypoint {
+        let init = pod
+            .netns
+            .exec(
+                &binary("pilot-agent").display().to_string(),
+                &[
+                    "istio-iptables",
+                    "-p",
+                    "15001",
+                    "-z",
+                    "15006",
+                    "-u",
+                    "1337",
+                    "-m",
+                    "REDIRECT",
+                    "-i",
+                    "*",
+                    "-x",
+                    "",
+                    "-b",
+                    "*",
+                    "-d",
+                    "15090,15021,15020",
+                ],
+            )
+            .expect("run the init step");
+        assert!(
+            init.status.success(),
+            "istio-iptables failed: {}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        let (dir, env) = Waypoint::pod_files(pod, istiod, extra);
+        give_to(dir.path(), SIDECAR_UID);
+        let args = vec![
+            "proxy".to_string(),
+            "sidecar".to_string(),
+            "--domain".to_string(),
+            format!("{}.svc.cluster.local", pod.spec.namespace),
+        ];
+        Waypoint::launch(pod, dir, env, args, Some(SIDECAR_UID))
+    }
+
+    /// The files the proxy's container mounts (token, root certificate, pod labels) in a
+    /// directory of its own, and its environment.
+    fn pod_files(
+        pod: &MeshPod,
+        istiod: &Istiod,
+        extra: &[(&str, &str)],
+    ) -> (tempfile::TempDir, Vec<(String, String)>) {
         let spec = &pod.spec;
         let dir = tempfile::tempdir().expect("waypoint directory");
         let put = |rel: &str, content: &str| {
@@ -148,15 +230,7 @@ impl Waypoint {
         .chain(harness_env())
         .collect();
         override_env(&mut env, extra);
-        let args = vec![
-            "proxy".to_string(),
-            "waypoint".to_string(),
-            "--domain".to_string(),
-            format!("{}.svc.cluster.local", spec.namespace),
-            "--serviceCluster".to_string(),
-            format!("{}.{}", spec.service_account, spec.namespace),
-        ];
-        Waypoint::launch(pod, dir, env, args)
+        (dir, env)
     }
 
     /// Starts `container` of `pod` as the kubelet would: its args with `$(VAR)` expanded, its
@@ -211,7 +285,7 @@ impl Waypoint {
             .flatten()
             .map(|a| expand(a, &env))
             .collect();
-        Waypoint::launch(pod, dir, env, args)
+        Waypoint::launch(pod, dir, env, args, None)
     }
 
     fn launch(
@@ -219,6 +293,7 @@ impl Waypoint {
         dir: tempfile::TempDir,
         env: Vec<(String, String)>,
         args: Vec<String>,
+        uid: Option<u32>,
     ) -> Waypoint {
         let mut wp = Waypoint {
             netns: pod.netns.clone(),
@@ -226,6 +301,7 @@ impl Waypoint {
             dir,
             env,
             args,
+            uid,
             child: None,
         };
         wp.spawn();
@@ -242,6 +318,10 @@ impl Waypoint {
             .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .current_dir(self.dir.path());
+        if let Some(uid) = self.uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
+        }
         self.child = Some(crate::process::spawn_logged(
             &self.netns,
             &mut cmd,

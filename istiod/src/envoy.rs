@@ -27,6 +27,7 @@ mod jwt;
 mod listeners;
 mod rbac;
 mod routes;
+pub mod sidecar;
 mod tcp_route;
 mod telemetry;
 mod tls;
@@ -39,7 +40,7 @@ use mesh_proto::type_url;
 use mesh_xds::{Resource, ResourceMap};
 
 pub use inputs::{
-    Attached, BoundService, Endpoint, Protocol, ServicePort, WaypointInputs, WaypointKey,
+    Attached, BoundService, Endpoint, Flavor, Protocol, ServicePort, WaypointInputs, WaypointKey,
     WaypointPolicy, WaypointRequestAuthn,
 };
 pub use jwt::{validate as validate_request_authentication, AuthnError};
@@ -74,6 +75,22 @@ pub mod names {
     pub const ISTIO_METADATA: &str = "istio";
     pub const WORKLOAD_METADATA_KEY: &str = "workload";
     pub const PRINCIPAL_METADATA_KEY: &str = "principal";
+    /// A sidecar's transport socket matches: endpoint metadata
+    /// `envoy.transport_socket_match: {tlsMode: istio|disabled}` picks Istio mutual TLS or plain.
+    pub const TRANSPORT_SOCKET_MATCH_METADATA: &str = "envoy.transport_socket_match";
+    pub const TLS_MODE_KEY: &str = "tlsMode";
+    pub const TLS_MODE_ISTIO: &str = "istio";
+    pub const TLS_MODE_DISABLED: &str = "disabled";
+    pub const TLS_MODE_ISTIO_MATCH: &str = "tlsMode-istio";
+    pub const TLS_MODE_DISABLED_MATCH: &str = "tlsMode-disabled";
+    /// The pod label Istio's injector sets on pods with a sidecar.
+    pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";
+    /// A sidecar's special clusters and listeners, as Istio names them.
+    pub const PASSTHROUGH_CLUSTER: &str = "PassthroughCluster";
+    pub const BLACKHOLE_CLUSTER: &str = "BlackHoleCluster";
+    pub const INBOUND_PASSTHROUGH_CLUSTER: &str = "InboundPassthroughCluster";
+    pub const VIRTUAL_OUTBOUND: &str = "virtualOutbound";
+    pub const VIRTUAL_INBOUND: &str = "virtualInbound";
     /// The bootstrap's static cluster of pilot-agent's access log service (request metrics).
     pub const TELEMETRY_CLUSTER: &str = "agent-telemetry";
     /// The access log name and custom tags the agent reads.
@@ -85,6 +102,17 @@ pub mod names {
     /// `inbound-vip|<port>|<http|tcp>|<hostname>`.
     pub fn vip_cluster(port: u16, protocol: &str, hostname: &str) -> String {
         format!("inbound-vip|{port}|{protocol}|{hostname}")
+    }
+
+    /// `outbound|<port>|<subset>|<hostname>`: a sidecar's cluster of a service port (the subset
+    /// empty for the whole service).
+    pub fn outbound_cluster(port: u16, subset: &str, hostname: &str) -> String {
+        format!("outbound|{port}|{subset}|{hostname}")
+    }
+
+    /// `inbound|<port>||`: a sidecar's cluster of its own workload's port.
+    pub fn inbound_cluster(port: u16) -> String {
+        format!("inbound|{port}||")
     }
 
     /// `inbound-vip|<port>|<http|tcp>/<subset>|<hostname>`: a DestinationRule subset.

@@ -24,6 +24,7 @@ mod debug;
 mod endpoint_slice;
 mod peer_auth;
 mod service;
+mod sidecars;
 mod snapshot;
 mod state;
 pub mod status;

@@ -5,13 +5,14 @@ use std::time::Duration;
 use mesh_proto::envoy::pb::envoy::config::cluster::v3::{
     cluster::{
         ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbConfig, LbPolicy,
-        OriginalDstLbConfig,
+        OriginalDstLbConfig, TransportSocketMatch,
     },
     Cluster,
 };
 use mesh_proto::envoy::pb::envoy::config::core::v3::{
-    address, transport_socket, Address, EnvoyInternalAddress, Http1ProtocolOptions,
-    Http2ProtocolOptions, HttpProtocolOptions as CommonOptions, Metadata, TransportSocket,
+    address, socket_address::PortSpecifier, transport_socket, Address, EnvoyInternalAddress,
+    Http1ProtocolOptions, Http2ProtocolOptions, HttpProtocolOptions as CommonOptions, Metadata,
+    SocketAddress, TransportSocket,
 };
 use mesh_proto::envoy::pb::envoy::config::endpoint::v3::{
     lb_endpoint::HostIdentifier, ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint,
@@ -32,7 +33,7 @@ use mesh_proto::envoy::pb::google::protobuf::{value::Kind as ValueKind, Struct, 
 
 use super::any::{ads_source, duration, object_name, pack, stable_map, u32_value};
 use super::destination_rule::{self, ClusterPolicy, Reporter};
-use super::inputs::{BoundService, Protocol, ServicePort, WaypointInputs};
+use super::inputs::{BoundService, Flavor, Protocol, ServicePort, WaypointInputs};
 use super::routes::RouteError;
 use super::{names, tls, HBONE_PORT};
 
@@ -49,6 +50,14 @@ pub fn waypoint_clusters(inputs: &WaypointInputs, errors: &mut Vec<RouteError>) 
         internal_static(names::ENCAP, names::CONNECT_ORIGINATE),
         connect_originate(&inputs.trust_domain),
     ];
+    out.extend(service_clusters(inputs, errors));
+    out
+}
+
+/// One cluster per service port and one per port and DestinationRule subset, named and reached
+/// as `inputs.flavor` says.
+pub fn service_clusters(inputs: &WaypointInputs, errors: &mut Vec<RouteError>) -> Vec<Cluster> {
+    let mut out = Vec::new();
     for svc in &inputs.services {
         let rule = svc.destination_rule.as_deref();
         let rule_name = rule.map(|r| object_name(&r.metadata)).unwrap_or_default();
@@ -58,10 +67,10 @@ pub fn waypoint_clusters(inputs: &WaypointInputs, errors: &mut Vec<RouteError>) 
                 field: format!("spec (port {})", port.port),
                 errors: &mut *errors,
             };
-            out.push(vip_cluster(svc, port, None, &mut report));
+            out.push(port_cluster(inputs, svc, port, None, &mut report));
             for (i, subset) in destination_rule::subsets(rule).iter().enumerate() {
                 report.field = format!("spec.subsets[{i}] (port {})", port.port);
-                out.push(vip_cluster(svc, port, Some(subset), &mut report));
+                out.push(port_cluster(inputs, svc, port, Some(subset), &mut report));
             }
         }
     }
@@ -76,10 +85,10 @@ pub fn waypoint_endpoints(inputs: &WaypointInputs) -> Vec<ClusterLoadAssignment>
         .flat_map(|svc| {
             let subsets = destination_rule::subsets(svc.destination_rule.as_deref());
             svc.ports.iter().flat_map(move |p| {
-                std::iter::once(load_assignment(svc, p, None)).chain(
+                std::iter::once(load_assignment(inputs, svc, p, None)).chain(
                     subsets
                         .iter()
-                        .map(move |s| load_assignment(svc, p, Some(s))),
+                        .map(move |s| load_assignment(inputs, svc, p, Some(s))),
                 )
             })
         })
@@ -87,11 +96,13 @@ pub fn waypoint_endpoints(inputs: &WaypointInputs) -> Vec<ClusterLoadAssignment>
 }
 
 /// The name of the cluster for a service port (and subset).
-pub fn service_cluster(svc: &BoundService, port: &ServicePort, subset: Option<&str>) -> String {
-    match subset {
-        Some(s) => names::vip_subset_cluster(port.port, port.protocol.family(), s, &svc.hostname),
-        None => names::vip_cluster(port.port, port.protocol.family(), &svc.hostname),
-    }
+pub fn service_cluster(
+    inputs: &WaypointInputs,
+    svc: &BoundService,
+    port: &ServicePort,
+    subset: Option<&str>,
+) -> String {
+    inputs.cluster_name(&svc.hostname, port, subset)
 }
 
 /// A STATIC cluster whose one endpoint is the internal listener `listener`.
@@ -136,7 +147,7 @@ fn connect_originate(trust_domain: &str) -> Cluster {
     cluster
 }
 
-fn h2_options(allow_connect: bool) -> HttpProtocolOptions {
+pub(super) fn h2_options(allow_connect: bool) -> HttpProtocolOptions {
     HttpProtocolOptions {
         common_http_protocol_options: allow_connect.then(|| CommonOptions {
             idle_timeout: Some(duration(HBONE_IDLE_TIMEOUT)),
@@ -169,16 +180,19 @@ fn h1_options(common: CommonOptions) -> HttpProtocolOptions {
     }
 }
 
-/// `inbound-vip|<port>|<http|tcp>[/<subset>]|<host>`: EDS, through `connect_originate`, with
-/// the DestinationRule's policy for that port (and subset).
-fn vip_cluster(
+/// A service port's EDS cluster (and subset's) with the DestinationRule's policy for that port:
+/// a waypoint's `inbound-vip|<port>|<http|tcp>[/<subset>]|<host>` reaches pods through
+/// `connect_originate`; a sidecar's `outbound|<port>|<subset>|<host>` reaches them directly,
+/// with Istio mutual TLS to the endpoints that have a sidecar (see [`sidecar_transport`]).
+fn port_cluster(
+    inputs: &WaypointInputs,
     svc: &BoundService,
     port: &ServicePort,
     subset: Option<&mesh_api::Subset>,
     report: &mut Reporter<'_>,
 ) -> Cluster {
     let protocol = port.protocol;
-    let name = service_cluster(svc, port, subset.map(|s| s.name.as_str()));
+    let name = service_cluster(inputs, svc, port, subset.map(|s| s.name.as_str()));
     let mut cluster = Cluster {
         name: name.clone(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
@@ -187,10 +201,13 @@ fn vip_cluster(
             service_name: name,
         }),
         connect_timeout: Some(duration(CONNECT_TIMEOUT)),
-        transport_socket: Some(internal_upstream(true)),
         ..Cluster::default()
     };
     let policy = ClusterPolicy::resolve(svc.destination_rule.as_deref(), subset, port.port);
+    match inputs.flavor {
+        Flavor::Waypoint => cluster.transport_socket = Some(internal_upstream(true)),
+        Flavor::Sidecar => sidecar_transport(&mut cluster, inputs, svc, port, policy.tls_mode),
+    }
     let common = destination_rule::apply(&mut cluster, &policy, report);
     let options = match (protocol.upstream_h2(), protocol == Protocol::Tcp, common) {
         (true, _, common) => Some(HttpProtocolOptions {
@@ -208,15 +225,58 @@ fn vip_cluster(
     cluster
 }
 
-/// The endpoints of one service port (those of a subset: whose labels match): each pod as an
-/// internal address of `connect_originate` carrying `ip:targetPort` as the original destination.
+/// How a sidecar reaches a service port's endpoints, as Istio's auto mutual TLS decides: with
+/// a DestinationRule's `ISTIO_MUTUAL` always Istio mutual TLS, with `DISABLE` always plain;
+/// otherwise per endpoint, Istio mutual TLS to those whose metadata says `tlsMode: istio` (pods
+/// with a sidecar) and plain to the rest. The peer must present one of the service's
+/// workloads' SPIFFE identities; the SNI is `outbound_.<port>_.<subset>_.<host>`.
+fn sidecar_transport(
+    cluster: &mut Cluster,
+    inputs: &WaypointInputs,
+    svc: &BoundService,
+    port: &ServicePort,
+    tls_mode: Option<&str>,
+) {
+    let mut sans: Vec<&str> = svc.endpoints.iter().map(|e| e.principal.as_str()).collect();
+    sans.sort_unstable();
+    sans.dedup();
+    let subset = cluster.name.split('|').nth(2).unwrap_or_default();
+    let sni = format!("outbound_.{}_.{subset}_.{}", port.port, svc.hostname);
+    let mtls = tls::istio_mutual_client(&inputs.trust_domain, &sni, &sans);
+    match tls_mode {
+        Some("ISTIO_MUTUAL") => cluster.transport_socket = Some(mtls),
+        Some("DISABLE") => cluster.transport_socket = Some(raw_buffer()),
+        _ => {
+            cluster.transport_socket_matches = vec![
+                TransportSocketMatch {
+                    name: names::TLS_MODE_ISTIO_MATCH.to_string(),
+                    r#match: Some(string_struct(&[(
+                        names::TLS_MODE_KEY,
+                        names::TLS_MODE_ISTIO,
+                    )])),
+                    transport_socket: Some(mtls),
+                },
+                TransportSocketMatch {
+                    name: names::TLS_MODE_DISABLED_MATCH.to_string(),
+                    r#match: Some(Struct::default()),
+                    transport_socket: Some(raw_buffer()),
+                },
+            ];
+        }
+    }
+}
+
+/// The endpoints of one service port (those of a subset: whose labels match). A waypoint's are
+/// internal addresses of `connect_originate` carrying `ip:targetPort` as the original
+/// destination; a sidecar's are `ip:targetPort` with the endpoint's TLS mode.
 fn load_assignment(
+    inputs: &WaypointInputs,
     svc: &BoundService,
     service_port: &ServicePort,
     subset: Option<&mesh_api::Subset>,
 ) -> ClusterLoadAssignment {
     let port = service_port.port;
-    let name = service_cluster(svc, service_port, subset.map(|s| s.name.as_str()));
+    let name = service_cluster(inputs, svc, service_port, subset.map(|s| s.name.as_str()));
     let lb_endpoints = svc
         .endpoints
         .iter()
@@ -225,18 +285,35 @@ fn load_assignment(
         .filter_map(|e| {
             let target = std::net::SocketAddr::new(e.ip, e.target_port(port)?);
             let id = target.to_string();
-            let addr = internal_address(names::CONNECT_ORIGINATE, &id);
-            let metadata = Metadata {
-                filter_metadata: stable_map([
-                    original_dst_entry(&id),
-                    (
-                        names::ISTIO_METADATA.to_string(),
-                        string_struct(&[
-                            (names::WORKLOAD_METADATA_KEY, &e.workload),
-                            (names::PRINCIPAL_METADATA_KEY, &e.principal),
-                        ]),
-                    ),
+            let istio = (
+                names::ISTIO_METADATA.to_string(),
+                string_struct(&[
+                    (names::WORKLOAD_METADATA_KEY, &e.workload),
+                    (names::PRINCIPAL_METADATA_KEY, &e.principal),
                 ]),
+            );
+            let (addr, first) = match inputs.flavor {
+                Flavor::Waypoint => (
+                    internal_address(names::CONNECT_ORIGINATE, &id),
+                    original_dst_entry(&id),
+                ),
+                Flavor::Sidecar => {
+                    let mode = if e.sidecar {
+                        names::TLS_MODE_ISTIO
+                    } else {
+                        names::TLS_MODE_DISABLED
+                    };
+                    (
+                        socket_address(target),
+                        (
+                            names::TRANSPORT_SOCKET_MATCH_METADATA.to_string(),
+                            string_struct(&[(names::TLS_MODE_KEY, mode)]),
+                        ),
+                    )
+                }
+            };
+            let metadata = Metadata {
+                filter_metadata: stable_map([first, istio]),
                 ..Metadata::default()
             };
             Some(lb_endpoint(addr, Some(metadata)))
@@ -249,6 +326,25 @@ fn load_assignment(
             ..LocalityLbEndpoints::default()
         }],
         ..ClusterLoadAssignment::default()
+    }
+}
+
+pub(super) fn socket_address(addr: std::net::SocketAddr) -> Address {
+    Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: addr.ip().to_string(),
+            port_specifier: Some(PortSpecifier::PortValue(u32::from(addr.port()))),
+            ..SocketAddress::default()
+        })),
+    }
+}
+
+fn raw_buffer() -> TransportSocket {
+    TransportSocket {
+        name: "envoy.transport_sockets.raw_buffer".to_string(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack(
+            &RawBuffer {},
+        ))),
     }
 }
 
@@ -309,15 +405,9 @@ fn internal_upstream(passthrough: bool) -> TransportSocket {
     } else {
         Vec::new()
     };
-    let raw = TransportSocket {
-        name: "envoy.transport_sockets.raw_buffer".to_string(),
-        config_type: Some(transport_socket::ConfigType::TypedConfig(pack(
-            &RawBuffer {},
-        ))),
-    };
     let transport = InternalUpstreamTransport {
         passthrough_metadata,
-        transport_socket: Some(raw),
+        transport_socket: Some(raw_buffer()),
     };
     TransportSocket {
         name: "envoy.transport_sockets.internal_upstream".to_string(),

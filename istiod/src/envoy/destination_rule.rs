@@ -423,6 +423,7 @@ pub fn hash_policy_index(
                 let policies = hash_policies(&ClusterPolicy::resolve(rule, subset, port.port));
                 if !policies.is_empty() {
                     let name = super::clusters::service_cluster(
+                        inputs,
                         svc,
                         port,
                         subset.map(|s| s.name.as_str()),

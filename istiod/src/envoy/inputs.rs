@@ -94,6 +94,9 @@ pub struct Endpoint {
     /// revision;cluster` (Istio's endpoint metadata format) and its SPIFFE identity.
     pub workload: String,
     pub principal: String,
+    /// Whether the workload has a sidecar (its pod's `security.istio.io/tlsMode` label is
+    /// `istio`): a sidecar calls it with Istio mutual TLS.
+    pub sidecar: bool,
 }
 
 impl Endpoint {
@@ -151,10 +154,23 @@ pub type WaypointPolicy = Attached<AuthorizationPolicy>;
 /// A RequestAuthentication in force on a waypoint for a service.
 pub type WaypointRequestAuthn = Attached<RequestAuthentication>;
 
-/// Everything one waypoint's configuration depends on.
+/// Whose proxy the services are configured for; it decides the names of their clusters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Flavor {
+    /// A waypoint: `inbound-vip|<port>|<http|tcp>[/<subset>]|<host>`, reached through HBONE.
+    #[default]
+    Waypoint,
+    /// A sidecar's outbound side: `outbound|<port>|<subset>|<host>`, reached directly.
+    Sidecar,
+}
+
+/// Everything one waypoint's configuration depends on (or, with [`Flavor::Sidecar`], the
+/// outbound side of a sidecar: the services it may call).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WaypointInputs {
     pub key: WaypointKey,
+    pub flavor: Flavor,
     pub trust_domain: String,
     pub domain_suffix: String,
     /// The access log file (empty: none).
@@ -164,6 +180,20 @@ pub struct WaypointInputs {
 }
 
 impl WaypointInputs {
+    /// The cluster of `hostname`'s `port` (and DestinationRule `subset`), named for the flavor.
+    pub fn cluster_name(&self, hostname: &str, port: &ServicePort, subset: Option<&str>) -> String {
+        use super::names;
+        match (self.flavor, subset) {
+            (Flavor::Waypoint, None) => {
+                names::vip_cluster(port.port, port.protocol.family(), hostname)
+            }
+            (Flavor::Waypoint, Some(s)) => {
+                names::vip_subset_cluster(port.port, port.protocol.family(), s, hostname)
+            }
+            (Flavor::Sidecar, s) => names::outbound_cluster(port.port, s.unwrap_or(""), hostname),
+        }
+    }
+
     /// The bound service with this `namespace` and `name`, if any.
     pub fn service(&self, namespace: &str, name: &str) -> Option<&BoundService> {
         self.services

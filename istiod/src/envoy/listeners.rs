@@ -55,14 +55,20 @@ pub fn waypoint_listeners(inputs: &WaypointInputs, routes: &[ServiceRoutes]) -> 
     ]
 }
 
-fn network_filter(name: &str, config: mesh_proto::envoy::pb::google::protobuf::Any) -> Filter {
+pub(super) fn network_filter(
+    name: &str,
+    config: mesh_proto::envoy::pb::google::protobuf::Any,
+) -> Filter {
     Filter {
         name: name.to_string(),
         config_type: Some(filter::ConfigType::TypedConfig(config)),
     }
 }
 
-fn http_filter(name: &str, config: mesh_proto::envoy::pb::google::protobuf::Any) -> HttpFilter {
+pub(super) fn http_filter(
+    name: &str,
+    config: mesh_proto::envoy::pb::google::protobuf::Any,
+) -> HttpFilter {
     HttpFilter {
         name: name.to_string(),
         config_type: Some(http_filter::ConfigType::TypedConfig(config)),
@@ -70,11 +76,11 @@ fn http_filter(name: &str, config: mesh_proto::envoy::pb::google::protobuf::Any)
     }
 }
 
-fn router() -> HttpFilter {
+pub(super) fn router() -> HttpFilter {
     http_filter("envoy.filters.http.router", pack(&Router::default()))
 }
 
-fn original_dst_filter() -> ListenerFilter {
+pub(super) fn original_dst_filter() -> ListenerFilter {
     ListenerFilter {
         name: "envoy.filters.listener.original_dst".to_string(),
         config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
@@ -202,7 +208,7 @@ fn connect_terminate(trust_domain: &str) -> Listener {
     }
 }
 
-fn socket_address(ip: &str, port: u16) -> Address {
+pub(super) fn socket_address(ip: &str, port: u16) -> Address {
     Address {
         address: Some(address::Address::SocketAddress(SocketAddress {
             address: ip.to_string(),
@@ -341,7 +347,7 @@ fn chain_action(chain: &str) -> OnMatch {
     }
 }
 
-fn tcp_chain_filter(cluster: &str, target: tcp_proxy::ClusterSpecifier) -> Filter {
+pub(super) fn tcp_chain_filter(cluster: &str, target: tcp_proxy::ClusterSpecifier) -> Filter {
     let proxy = TcpProxy {
         stat_prefix: cluster.to_string(),
         cluster_specifier: Some(target),

@@ -31,7 +31,6 @@ use serde::Serialize;
 
 use super::any::{duration, object_name, u32_value};
 use super::inputs::{BoundService, Protocol, WaypointInputs};
-use super::names;
 pub use super::tcp_route::TcpClusters;
 
 /// A part of a route the waypoint cannot serve; the rest of the route still applies.
@@ -90,6 +89,9 @@ pub enum RouteError {
     /// A part of a RequestAuthentication attached to the waypoint.
     #[error(transparent)]
     Authn(#[from] super::jwt::AuthnError),
+    /// A part of a sidecar's inbound configuration.
+    #[error(transparent)]
+    Sidecar(#[from] super::sidecar::SidecarError),
 }
 
 impl RouteError {
@@ -104,6 +106,7 @@ impl RouteError {
             RouteError::DestinationRule { .. } => "destination_rule",
             RouteError::Policy(e) => e.reason(),
             RouteError::Authn(e) => e.reason(),
+            RouteError::Sidecar(_) => "sidecar",
         }
     }
 }
@@ -161,7 +164,7 @@ impl ServiceRoutes {
             .map(|r| super::grpc_route::as_http_route(r))
             .collect();
         for port in svc.ports.iter().filter(|p| p.protocol != Protocol::Tcp) {
-            let cluster = names::vip_cluster(port.port, port.protocol.family(), &svc.hostname);
+            let cluster = inputs.cluster_name(&svc.hostname, port, None);
             let attached: Vec<(&'static str, &HttpRoute)> = (svc.routes.iter())
                 .map(|r| ("HTTPRoute", &**r))
                 .chain(grpc.iter().map(|r| ("GRPCRoute", r)))
@@ -244,7 +247,7 @@ pub(super) fn parents_name_port(
     })
 }
 
-fn default_route(cluster: &str) -> Route {
+pub(super) fn default_route(cluster: &str) -> Route {
     Route {
         name: "default".to_string(),
         r#match: Some(RouteMatch {
@@ -482,7 +485,7 @@ impl Ctx<'_> {
             .flatten()
             .and_then(|s| s.ports.iter().find(|p| p.port == port).map(|p| (s, p)));
         match found {
-            Some((s, p)) => Some(names::vip_cluster(p.port, p.protocol.family(), &s.hostname)),
+            Some((s, p)) => Some(self.inputs.cluster_name(&s.hostname, p, None)),
             None => {
                 self.errors.push(RouteError::UnknownBackend {
                     route_kind: self.kind,

@@ -8,7 +8,6 @@ use mesh_proto::envoy::pb::envoy::extensions::filters::network::tcp_proxy::v3::t
 
 use super::any::object_name;
 use super::inputs::{BoundService, Protocol, WaypointInputs};
-use super::names;
 use super::routes::{parents_name_port, RouteError};
 
 /// Where a TCP port's connections go: one cluster or weighted clusters.
@@ -89,9 +88,5 @@ fn backend(inputs: &WaypointInputs, ns: &str, b: &HttpBackendRef, port: u16) -> 
         .ports
         .iter()
         .find(|p| p.port == port && p.protocol == Protocol::Tcp)?;
-    Some(names::vip_cluster(
-        p.port,
-        p.protocol.family(),
-        &svc.hostname,
-    ))
+    Some(inputs.cluster_name(&svc.hostname, p, None))
 }

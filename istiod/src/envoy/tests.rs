@@ -17,7 +17,7 @@ fn ip(s: &str) -> IpAddr {
     s.parse().expect("ip")
 }
 
-fn endpoint(addr: &str, version: &str) -> Endpoint {
+pub(super) fn endpoint(addr: &str, version: &str) -> Endpoint {
     Endpoint {
         ip: ip(addr),
         target_ports: vec![(80, 8080), (9000, 9000)],
@@ -25,10 +25,11 @@ fn endpoint(addr: &str, version: &str) -> Endpoint {
         labels: [("version".to_string(), version.to_string())].into(),
         workload: format!("echo-{version};shop;echo;{version};Kubernetes"),
         principal: "spiffe://cluster.local/ns/shop/sa/echo".into(),
+        sidecar: version == "v1",
     }
 }
 
-fn service(name: &str, vip: &str, endpoints: Vec<Endpoint>) -> BoundService {
+pub(super) fn service(name: &str, vip: &str, endpoints: Vec<Endpoint>) -> BoundService {
     BoundService {
         namespace: "shop".into(),
         name: name.into(),
@@ -132,7 +133,7 @@ spec:
     to: [{operation: {ports: ["80"], notPaths: ["*.secret"], hosts: ["echo.*"]}}]
 "#;
 
-fn policy(yaml: &str) -> WaypointPolicy {
+pub(super) fn policy(yaml: &str) -> WaypointPolicy {
     let policy: mesh_api::AuthorizationPolicy = serde_yaml::from_str(yaml).expect("policy yaml");
     WaypointPolicy {
         key: format!("shop/{}", policy.metadata.name.clone().unwrap_or_default()),
@@ -264,6 +265,7 @@ pub(super) fn inputs() -> WaypointInputs {
             namespace: "shop".into(),
             name: "waypoint".into(),
         },
+        flavor: crate::envoy::Flavor::Waypoint,
         trust_domain: "cluster.local".into(),
         domain_suffix: "cluster.local".into(),
         access_log_file: "/dev/stdout".into(),

@@ -45,30 +45,51 @@ fn sds(name: &str) -> SdsSecretConfig {
     }
 }
 
-/// TLS 1.3, ALPN h2, our certificate, peers verified against the roots and the trust domain.
-fn common(trust_domain: &str) -> CommonTlsContext {
-    let san = SubjectAltNameMatcher {
+fn uri_san(pattern: string_matcher::MatchPattern) -> SubjectAltNameMatcher {
+    SubjectAltNameMatcher {
         san_type: SanType::Uri as i32,
         matcher: Some(StringMatcher {
-            match_pattern: Some(string_matcher::MatchPattern::Prefix(format!(
-                "spiffe://{trust_domain}/"
-            ))),
+            match_pattern: Some(pattern),
             ..StringMatcher::default()
         }),
         ..SubjectAltNameMatcher::default()
-    };
+    }
+}
+
+/// Any SPIFFE identity of the trust domain.
+fn trust_domain_san(trust_domain: &str) -> SubjectAltNameMatcher {
+    uri_san(string_matcher::MatchPattern::Prefix(format!(
+        "spiffe://{trust_domain}/"
+    )))
+}
+
+/// TLS 1.3, ALPN h2, our certificate, peers verified against the roots and the trust domain.
+fn common(trust_domain: &str) -> CommonTlsContext {
+    common_with(
+        vec![trust_domain_san(trust_domain)],
+        vec!["h2".to_string()],
+        TlsProtocol::TlSv13,
+    )
+}
+
+/// Our certificate (`default`), peers verified against the roots (`ROOTCA`) and `sans`.
+fn common_with(
+    sans: Vec<SubjectAltNameMatcher>,
+    alpn_protocols: Vec<String>,
+    minimum: TlsProtocol,
+) -> CommonTlsContext {
     CommonTlsContext {
         tls_params: Some(TlsParameters {
-            tls_minimum_protocol_version: TlsProtocol::TlSv13 as i32,
+            tls_minimum_protocol_version: minimum as i32,
             tls_maximum_protocol_version: TlsProtocol::TlSv13 as i32,
             ..TlsParameters::default()
         }),
-        alpn_protocols: vec!["h2".to_string()],
+        alpn_protocols,
         tls_certificate_sds_secret_configs: vec![sds(names::SECRET_DEFAULT)],
         validation_context_type: Some(ValidationContextType::CombinedValidationContext(
             CombinedCertificateValidationContext {
                 default_validation_context: Some(CertificateValidationContext {
-                    match_typed_subject_alt_names: vec![san],
+                    match_typed_subject_alt_names: sans,
                     ..CertificateValidationContext::default()
                 }),
                 validation_context_sds_secret_config: Some(sds(names::SECRET_ROOTCA)),
@@ -94,6 +115,56 @@ pub fn hbone_client(trust_domain: &str) -> TransportSocket {
     let ctx = UpstreamTlsContext {
         common_tls_context: Some(common(trust_domain)),
         ..UpstreamTlsContext::default()
+    };
+    transport_socket(pack(&ctx))
+}
+
+/// ALPN a sidecar offers when it calls another sidecar, and what marks Istio mutual TLS on
+/// the inbound side (Istio's sidecars also offer `istio-peer-exchange` and `istio-http/*`
+/// through their own ALPN filter, which a standard Envoy does not have).
+pub const ISTIO_ALPN: &[&str] = &["istio-peer-exchange", "istio"];
+
+/// The ALPN values that mark a connection as Istio mutual TLS at a sidecar's inbound listener.
+pub const ISTIO_INBOUND_ALPN: &[&str] = &[
+    "istio",
+    "istio-peer-exchange",
+    "istio-http/1.0",
+    "istio-http/1.1",
+    "istio-h2",
+];
+
+/// A sidecar calling a workload with a sidecar: TLS 1.2 or 1.3 with the proxy's certificate, the
+/// peer verified against the roots and, exactly, `sans` (any identity of the trust domain when
+/// empty), SNI `sni`, ALPN `istio`.
+pub fn istio_mutual_client(trust_domain: &str, sni: &str, sans: &[&str]) -> TransportSocket {
+    let sans = if sans.is_empty() {
+        vec![trust_domain_san(trust_domain)]
+    } else {
+        (sans.iter())
+            .map(|s| uri_san(string_matcher::MatchPattern::Exact(s.to_string())))
+            .collect()
+    };
+    let alpn = ISTIO_ALPN.iter().map(|s| s.to_string()).collect();
+    let ctx = UpstreamTlsContext {
+        common_tls_context: Some(common_with(sans, alpn, TlsProtocol::TlSv12)),
+        sni: sni.to_string(),
+        ..UpstreamTlsContext::default()
+    };
+    transport_socket(pack(&ctx))
+}
+
+/// A sidecar's inbound side of Istio mutual TLS: a client certificate of the trust domain is
+/// required; `alpn` is what the chain negotiates (`h2`, `http/1.1` for HTTP chains).
+pub fn istio_mutual_server(trust_domain: &str, alpn: &[&str]) -> TransportSocket {
+    let alpn = alpn.iter().map(|s| s.to_string()).collect();
+    let ctx = DownstreamTlsContext {
+        common_tls_context: Some(common_with(
+            vec![trust_domain_san(trust_domain)],
+            alpn,
+            TlsProtocol::TlSv12,
+        )),
+        require_client_certificate: Some(bool_value(true)),
+        ..DownstreamTlsContext::default()
     };
     transport_socket(pack(&ctx))
 }

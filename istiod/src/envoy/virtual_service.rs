@@ -363,9 +363,9 @@ impl Conv<'_> {
                 );
                 return None;
             }
-            return Some(service_cluster(svc, p, Some(subset)));
+            return Some(service_cluster(self.inputs, svc, p, Some(subset)));
         }
-        let found = found.map(|(svc, p)| service_cluster(svc, p, None));
+        let found = found.map(|(svc, p)| service_cluster(self.inputs, svc, p, None));
         if found.is_none() {
             self.error(
                 field,

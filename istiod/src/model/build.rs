@@ -13,6 +13,7 @@ use mesh_xds::{ChangeSet, Resource, ResourceMap};
 
 use super::claims::Claims;
 use super::peer_auth::STATIC_STRICT_POLICY_NAME;
+use super::sidecars::SidecarIndex;
 use super::snapshot::{AliasIndex, Snapshot, CHANGE_LOG_LEN};
 use super::state::State;
 use super::status::{self, Statuses};
@@ -44,6 +45,7 @@ fn empty_waypoint(cfg: &ModelConfig) -> Arc<crate::envoy::ProxyResources> {
                 namespace: String::new(),
                 name: String::new(),
             },
+            flavor: crate::envoy::Flavor::Waypoint,
             trust_domain: cfg.trust_domain.clone(),
             domain_suffix: cfg.domain_suffix.clone(),
             access_log_file: cfg.access_log_file.clone(),
@@ -70,6 +72,7 @@ pub struct Model {
     version: u64,
     recomputed_total: u64,
     waypoints: WaypointIndex,
+    sidecars: SidecarIndex,
     /// The configuration of a waypoint with nothing bound to it.
     empty_waypoint: Arc<crate::envoy::ProxyResources>,
     /// Status conditions as of the last build that could change them, and whether a change
@@ -94,6 +97,7 @@ impl Model {
             version: 0,
             recomputed_total: 0,
             waypoints: WaypointIndex::default(),
+            sidecars: SidecarIndex::default(),
             empty_waypoint: empty_waypoint(&cfg),
             statuses: Arc::default(),
             statuses_stale: true,
@@ -117,6 +121,7 @@ impl Model {
         self.dirty.insert(old_strict);
         self.dirty.insert(self.static_strict_key());
         self.waypoints.mark_all();
+        self.sidecars.touch();
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -168,6 +173,13 @@ impl Model {
         self.version += 1;
         self.waypoints
             .rebuild(&self.cfg, &self.state, &self.addresses, self.version);
+        self.sidecars.rebuild(
+            &self.cfg,
+            &self.state,
+            &self.waypoints,
+            &self.addresses,
+            self.version,
+        );
         self.log.push_back(Arc::new((self.version, changes)));
         while self.log.len() > CHANGE_LOG_LEN {
             self.log.pop_front();
@@ -187,6 +199,7 @@ impl Model {
             stats,
             created_at: Some(std::time::Instant::now()),
             waypoints: self.waypoints.views.clone(),
+            sidecars: self.sidecars.views.clone(),
             empty_waypoint: Arc::clone(&self.empty_waypoint),
             statuses: Arc::clone(&self.statuses),
         })
@@ -203,6 +216,7 @@ impl Model {
 
     fn mark(&mut self, key: &ObjectKey, old: Option<&Object>) {
         self.waypoints.on_object(key, old, self.state.get(key));
+        self.sidecars.on_object(key, self.state.get(key));
         self.statuses_stale |= status::depends_on(key.kind);
         let mut dirty = vec![key.clone()];
         deps::affected(self, key, old, &mut dirty);
@@ -224,6 +238,7 @@ impl Model {
                 unalias(&mut self.aliases, &r);
                 addr.insert(name.clone());
                 self.waypoints.on_address(name, None, &self.state);
+                self.sidecars.touch();
             }
         }
         for r in out.addresses {
@@ -237,6 +252,7 @@ impl Model {
             addr.insert(r.name.clone());
             self.waypoints
                 .on_address(&r.name, Some(&r.body.value), &self.state);
+            self.sidecars.touch();
             self.addresses.insert(r.name.clone(), r);
         }
         let authz = changes

@@ -6,6 +6,7 @@ use mesh_proto::type_url;
 use mesh_xds::{ChangeSet, ResourceMap, XdsSnapshot};
 
 use super::debug;
+use super::sidecars::SidecarViews;
 use super::state::{NodeIdentities, PodFacts, PodIndex};
 use super::status::Statuses;
 use super::waypoints::{waypoint_of, WaypointViews};
@@ -36,6 +37,8 @@ pub struct Snapshot {
     pub(crate) created_at: Option<std::time::Instant>,
     /// Envoy configuration of each waypoint.
     pub(crate) waypoints: WaypointViews,
+    /// Envoy configuration of each sidecar (by pod).
+    pub(crate) sidecars: SidecarViews,
     /// What a waypoint with nothing bound to it is served.
     pub(crate) empty_waypoint: Arc<ProxyResources>,
     /// Status conditions to report on the objects they concern.
@@ -44,6 +47,8 @@ pub struct Snapshot {
 
 /// The scope prefix of waypoint proxies: `waypoint:<namespace>/<gateway>`.
 const WAYPOINT_SCOPE: &str = "waypoint:";
+/// The scope prefix of sidecar proxies: `sidecar:<namespace>/<pod>`.
+const SIDECAR_SCOPE: &str = "sidecar:";
 
 impl Snapshot {
     /// Version 0: nothing yet (before the source has synced).
@@ -102,13 +107,32 @@ impl Snapshot {
         self.waypoints.iter().map(|(k, v)| (k, &**v))
     }
 
+    /// The Envoy configuration of one sidecar (by its pod); an empty one while the pod is
+    /// unknown or has no sidecar.
+    pub fn sidecar(&self, key: &WaypointKey) -> &ProxyResources {
+        static EMPTY: std::sync::LazyLock<ProxyResources> =
+            std::sync::LazyLock::new(crate::envoy::sidecar::empty);
+        self.sidecars.get(key).map_or(&*EMPTY, |v| &**v)
+    }
+
+    /// Every sidecar this snapshot configures.
+    pub fn sidecars(&self) -> impl Iterator<Item = (&WaypointKey, &ProxyResources)> {
+        self.sidecars.iter().map(|(k, v)| (k, &**v))
+    }
+
     fn scope_view(&self, scope: &str) -> Option<&ProxyResources> {
+        let split = |key: &str| {
+            let (namespace, name) = key.split_once('/').unwrap_or(("", ""));
+            WaypointKey {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            }
+        };
+        if let Some(key) = scope.strip_prefix(SIDECAR_SCOPE) {
+            return Some(self.sidecar(&split(key)));
+        }
         let key = scope.strip_prefix(WAYPOINT_SCOPE)?;
-        let (namespace, name) = key.split_once('/').unwrap_or(("", ""));
-        Some(self.waypoint(&WaypointKey {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-        }))
+        Some(self.waypoint(&split(key)))
     }
 
     /// A readable rendering (IPs as strings, enums by name) for `/debug/configz`.
@@ -163,6 +187,15 @@ impl XdsSnapshot for Snapshot {
         let Ok(id) = crate::xds::NodeId::parse(&node.id) else {
             return String::new();
         };
+        if id.kind == crate::xds::ProxyKind::Sidecar {
+            if !self.sidecars.contains_key(&WaypointKey {
+                namespace: id.namespace.clone(),
+                name: id.pod.clone(),
+            }) {
+                tracing::warn!(node = %node.id, "sidecar proxy whose pod is not known (or has no sidecar.istio.io/status annotation); it is served an empty configuration until it is");
+            }
+            return format!("{SIDECAR_SCOPE}{}/{}", id.namespace, id.pod);
+        }
         if id.kind != crate::xds::ProxyKind::Waypoint {
             return String::new();
         }

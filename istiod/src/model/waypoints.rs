@@ -263,11 +263,14 @@ impl WaypointIndex {
             .get(wp)
             .into_iter()
             .flatten()
-            .filter_map(|key| self.bound_service(cfg, state, addresses, wp, key))
+            .filter_map(|key| {
+                self.bound_service(cfg, state, addresses, (&wp.namespace, Some(wp)), key)
+            })
             .collect();
         services.sort_by(|a, b| a.hostname.cmp(&b.hostname));
         WaypointInputs {
             key: wp.clone(),
+            flavor: crate::envoy::Flavor::Waypoint,
             trust_domain: cfg.trust_domain.clone(),
             domain_suffix: cfg.domain_suffix.clone(),
             access_log_file: cfg.access_log_file.clone(),
@@ -275,40 +278,67 @@ impl WaypointIndex {
         }
     }
 
+    /// Every service, as the sidecars of namespace `client_ns` call them (no policies: those
+    /// apply where the traffic arrives), sorted by hostname.
+    pub fn services_for_sidecars(
+        &self,
+        cfg: &ModelConfig,
+        state: &State,
+        addresses: &ResourceMap,
+        client_ns: &str,
+    ) -> Vec<BoundService> {
+        let mut keys: Vec<&String> = self.services.keys().collect();
+        keys.sort();
+        let mut services: Vec<BoundService> = keys
+            .into_iter()
+            .filter_map(|key| self.bound_service(cfg, state, addresses, (client_ns, None), key))
+            .collect();
+        services.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+        services
+    }
+
+    /// The protocol of one port of the service `key` (WDS `ns/hostname`).
+    pub fn port_protocol(
+        &self,
+        state: &State,
+        addresses: &ResourceMap,
+        key: &str,
+        port: u16,
+    ) -> Option<Protocol> {
+        let address::Type::Service(svc) = decode(addresses, key)? else {
+            return None;
+        };
+        let p = svc
+            .ports
+            .iter()
+            .find(|p| p.service_port == u32::from(port))?;
+        Some(port_protocol(state, &svc, p))
+    }
+
+    /// One service as the waypoint `wp` serves it, or (`wp` `None`) as a sidecar in
+    /// `client_ns` calls it: routes, VirtualServices and the DestinationRule `client_ns` sees,
+    /// and for a waypoint the policies attached to it.
     fn bound_service(
         &self,
         cfg: &ModelConfig,
         state: &State,
         addresses: &ResourceMap,
-        wp: &WaypointKey,
+        (client_ns, wp): (&str, Option<&WaypointKey>),
         key: &str,
     ) -> Option<BoundService> {
         let svc = match decode(addresses, key)? {
             address::Type::Service(s) => s,
             address::Type::Workload(_) => return None,
         };
-        let raw = match state.get(&ObjectKey::new(Kind::Service, &svc.namespace, &svc.name)) {
-            Some(Object::Service(s)) => Some(s),
-            _ => None,
-        };
         let ports = svc
             .ports
             .iter()
             .filter_map(|p| {
                 let port = u16::try_from(p.service_port).ok()?;
-                let spec = raw
-                    .and_then(|s| s.spec.as_ref())
-                    .and_then(|s| s.ports.as_ref())
-                    .and_then(|ps| ps.iter().find(|sp| i64::from(sp.port) == i64::from(port)));
-                let name = spec.and_then(|s| s.name.clone());
-                let protocol = match spec {
-                    Some(s) => Protocol::detect(s.app_protocol.as_deref(), s.name.as_deref()),
-                    None => wds_protocol(p.app_protocol),
-                };
                 Some(ServicePort {
                     port,
-                    name,
-                    protocol,
+                    name: raw_port(state, &svc, port).and_then(|s| s.name.clone()),
+                    protocol: port_protocol(state, &svc, p),
                 })
             })
             .collect();
@@ -351,7 +381,7 @@ impl WaypointIndex {
         let destination_rule = destination_rule_for(
             state,
             cfg,
-            &wp.namespace,
+            client_ns,
             &svc.namespace,
             &svc.name,
             &svc.hostname,
@@ -372,18 +402,26 @@ impl WaypointIndex {
             tcp_routes,
             virtual_services,
             destination_rule,
-            policies: attached_as(
-                cfg,
-                state,
-                (Kind::AuthorizationPolicy, pick_authz),
-                (wp, (&svc.namespace, &svc.name, &svc.hostname)),
-            ),
-            request_authns: attached_as(
-                cfg,
-                state,
-                (Kind::RequestAuthentication, pick_authn),
-                (wp, (&svc.namespace, &svc.name, &svc.hostname)),
-            ),
+            policies: wp
+                .map(|wp| {
+                    attached_as(
+                        cfg,
+                        state,
+                        (Kind::AuthorizationPolicy, pick_authz),
+                        (wp, (&svc.namespace, &svc.name, &svc.hostname)),
+                    )
+                })
+                .unwrap_or_default(),
+            request_authns: wp
+                .map(|wp| {
+                    attached_as(
+                        cfg,
+                        state,
+                        (Kind::RequestAuthentication, pick_authn),
+                        (wp, (&svc.namespace, &svc.name, &svc.hostname)),
+                    )
+                })
+                .unwrap_or_default(),
         })
     }
 }
@@ -607,14 +645,44 @@ fn endpoint(state: &State, addresses: &ResourceMap, uid: &str, svc_key: &str) ->
         "spiffe://{}/ns/{}/sa/{}",
         w.trust_domain, w.namespace, w.service_account
     );
+    let sidecar = labels
+        .get(crate::envoy::names::TLS_MODE_LABEL)
+        .is_some_and(|m| m == crate::envoy::names::TLS_MODE_ISTIO);
     Some(Endpoint {
         ip,
         target_ports,
         healthy: w.status == mesh_proto::workload::WorkloadStatus::Healthy as i32,
+        sidecar,
         labels,
         workload,
         principal,
     })
+}
+
+/// The Kubernetes Service's spec of one port of `svc` (none for a ServiceEntry).
+fn raw_port<'s>(
+    state: &'s State,
+    svc: &WdsService,
+    port: u16,
+) -> Option<&'s mesh_api::k8s_openapi::api::core::v1::ServicePort> {
+    match state.get(&ObjectKey::new(Kind::Service, &svc.namespace, &svc.name)) {
+        Some(Object::Service(s)) => (s.spec.as_ref())
+            .and_then(|s| s.ports.as_ref())
+            .and_then(|ps| ps.iter().find(|sp| i64::from(sp.port) == i64::from(port))),
+        _ => None,
+    }
+}
+
+/// How a service port is proxied: from the Kubernetes Service's `appProtocol` or port name,
+/// else (a ServiceEntry) from WDS.
+fn port_protocol(state: &State, svc: &WdsService, p: &mesh_proto::workload::Port) -> Protocol {
+    let spec = u16::try_from(p.service_port)
+        .ok()
+        .and_then(|port| raw_port(state, svc, port));
+    match spec {
+        Some(s) => Protocol::detect(s.app_protocol.as_deref(), s.name.as_deref()),
+        None => wds_protocol(p.app_protocol),
+    }
 }
 
 /// A ServiceEntry's port protocol as WDS carries it; unknown is sniffed as HTTP.

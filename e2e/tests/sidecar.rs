@@ -1,0 +1,193 @@
+//! Sidecars on the local mesh: pods of a namespace without ambient, each with its init step's
+//! capture and `pilot-agent proxy sidecar` (the real Envoy 1.40, configured by istiod), calling
+//! each other over Istio mutual TLS, and PeerAuthentication and AuthorizationPolicy enforced at
+//! the receiving sidecar.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec, Redirection};
+use mesh_e2e::waypoint::Waypoint;
+use mesh_testutil::netns::have_root;
+use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, Netns};
+
+const APP_PORT: u16 = 8080;
+const SERVER_VIP: &str = "10.96.0.30";
+const CLIENT_ID: &str = "spiffe://cluster.local/ns/legacy/sa/client";
+
+fn setup(dir: &ClusterDir) {
+    dir.write(
+        "ns.yaml",
+        &namespace_yaml("legacy", &[("istio-injection", "enabled")]),
+    );
+    dir.write(
+        "svc-server.yaml",
+        &format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: server\n  namespace: legacy\nspec:\n  clusterIP: {SERVER_VIP}\n  selector: {{app: server}}\n  ports:\n  - name: http\n    port: 80\n    targetPort: {APP_PORT}\n"
+        ),
+    );
+}
+
+/// A pod as the injector leaves it: the status annotation and the `tlsMode` label.
+fn injected(name: &str, node: &str) -> PodSpec {
+    PodSpec::new("legacy", name, node, name)
+        .annotation("sidecar.istio.io/status", "{}")
+        .label("security.istio.io/tlsMode", "istio")
+}
+
+fn get(netns: &Netns, addr: SocketAddr) -> Option<HttpResponse> {
+    http_request(netns, addr, "GET", "/", &[], Duration::from_secs(5))
+}
+
+fn vip() -> SocketAddr {
+    SocketAddr::from((SERVER_VIP.parse::<Ipv4Addr>().expect("vip"), 80))
+}
+
+/// Polls `f` for up to 20 s.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    f()
+}
+
+/// Every xDS update the proxy got was accepted.
+fn nothing_rejected(proxy: &Waypoint) {
+    let stats = proxy.admin("/stats?filter=update_rejected");
+    for line in stats.lines() {
+        assert!(
+            line.ends_with(": 0"),
+            "rejected xDS update: {line}\n{}",
+            proxy.log()
+        );
+    }
+    assert!(proxy.stat("listener_manager.lds.update_success") > 0);
+    assert!(proxy.stat("cluster_manager.cds.update_success") > 0);
+}
+
+struct Mesh {
+    cluster: MeshCluster,
+    client: MeshPod,
+    server: MeshPod,
+    outsider: MeshPod,
+    app: HttpApp,
+    _outsider_app: HttpApp,
+    client_proxy: Waypoint,
+    server_proxy: Waypoint,
+}
+
+fn deploy() -> Mesh {
+    let mut cluster =
+        MeshCluster::start("sidecar", &["node1", "node2"], Redirection::Nftables, setup);
+    let mut add = |spec: PodSpec| {
+        let name = spec.name.clone();
+        cluster
+            .add_pod(spec)
+            .unwrap_or_else(|e| panic!("pod {name}: {e}"))
+    };
+    let client = add(injected("client", "node1"));
+    let server = add(injected("server", "node2"));
+    let outsider = add(PodSpec::new("legacy", "outsider", "node1", "outsider"));
+    let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT));
+    let app = HttpApp::start(&server.netns, any, "server").expect("server app");
+    let outsider_app = HttpApp::start(&outsider.netns, any, "outsider").expect("outsider app");
+    let server_proxy = Waypoint::start_sidecar(&server, &cluster.istiod, &[]);
+    let client_proxy = Waypoint::start_sidecar(&client, &cluster.istiod, &[]);
+    server_proxy.wait_ready(Duration::from_secs(30));
+    client_proxy.wait_ready(Duration::from_secs(30));
+    Mesh {
+        cluster,
+        client,
+        server,
+        outsider,
+        app,
+        _outsider_app: outsider_app,
+        client_proxy,
+        server_proxy,
+    }
+}
+
+impl Mesh {
+    fn logs(&self) -> String {
+        format!(
+            "--- client sidecar\n{}\n--- server sidecar\n{}\n{}",
+            self.client_proxy.log(),
+            self.server_proxy.log(),
+            self.cluster.logs()
+        )
+    }
+}
+
+#[test]
+fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
+    if !have_root("sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy") {
+        return;
+    }
+    let m = deploy();
+
+    // Client sidecar -> server sidecar: through both Envoys, with the client's identity.
+    let through = eventually(|| {
+        get(&m.client.netns, vip()).is_some_and(|r| {
+            r.status == 200
+                && r.body == "server"
+                && r.headers.contains_key("x-envoy-upstream-service-time")
+        })
+    });
+    assert!(
+        through,
+        "client -> server through the sidecars\n{}",
+        m.logs()
+    );
+    let xfcc = m
+        .app
+        .last_headers()
+        .get("x-forwarded-client-cert")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        xfcc.contains(&format!("URI={CLIENT_ID}")),
+        "the server sidecar saw the client's certificate: {xfcc:?}"
+    );
+
+    // A destination that is no service passes through the client's sidecar untouched.
+    let direct = get(&m.client.netns, m.outsider.addr(APP_PORT));
+    assert_eq!(direct.map(|r| r.body), Some("outsider".to_string()));
+
+    // PERMISSIVE (no PeerAuthentication): a pod without a sidecar reaches the server in plain
+    // text, and no identity is claimed for it.
+    let plain = get(&m.outsider.netns, m.server.addr(APP_PORT)).expect("plain text answered");
+    assert_eq!((plain.status, plain.body.as_str()), (200, "server"));
+    assert!(!m.app.last_headers().contains_key("x-forwarded-client-cert"));
+
+    // STRICT: plain text is refused, Istio mutual TLS still works.
+    m.cluster.objects().write(
+        "pa.yaml",
+        "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata:\n  name: default\n  namespace: legacy\nspec:\n  mtls: {mode: STRICT}\n",
+    );
+    let refused = eventually(|| get(&m.outsider.netns, m.server.addr(APP_PORT)).is_none());
+    assert!(refused, "STRICT refuses plain text\n{}", m.logs());
+    let ok = get(&m.client.netns, vip()).map(|r| r.status);
+    assert_eq!(ok, Some(200), "STRICT accepts the client's sidecar");
+
+    // AuthorizationPolicy DENY by principal, at the server's sidecar.
+    m.cluster.objects().write(
+        "deny.yaml",
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: deny-client\n  namespace: legacy\nspec:\n  selector: {matchLabels: {app: server}}\n  action: DENY\n  rules:\n  - from: [{source: {principals: [cluster.local/ns/legacy/sa/client]}}]\n",
+    );
+    let denied = eventually(|| get(&m.client.netns, vip()).is_some_and(|r| r.status == 403));
+    assert!(denied, "the DENY policy answers 403\n{}", m.logs());
+    m.cluster.objects().remove("deny.yaml");
+    let allowed = eventually(|| get(&m.client.netns, vip()).is_some_and(|r| r.status == 200));
+    assert!(
+        allowed,
+        "allowed again once the policy is gone\n{}",
+        m.logs()
+    );
+
+    nothing_rejected(&m.client_proxy);
+    nothing_rejected(&m.server_proxy);
+}

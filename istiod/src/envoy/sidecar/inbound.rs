@@ -1,0 +1,381 @@
+//! A sidecar's inbound side: `virtualInbound` on 15006 and the `inbound|<port>||` clusters.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use mesh_proto::envoy::pb::envoy::config::cluster::v3::{
+    cluster::{ClusterDiscoveryType, DiscoveryType, LbPolicy},
+    Cluster,
+};
+use mesh_proto::envoy::pb::envoy::config::listener::v3::{
+    listener_filter, Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter,
+};
+use mesh_proto::envoy::pb::envoy::config::rbac::v3::{principal, Principal, Rbac};
+use mesh_proto::envoy::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
+use mesh_proto::envoy::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::{
+        CodecType, ForwardClientCertDetails, RouteSpecifier, SetCurrentClientCertDetails,
+    },
+    HttpConnectionManager, HttpFilter,
+};
+use mesh_proto::envoy::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy;
+use mesh_proto::envoy::pb::envoy::r#type::matcher::v3::filter_state_matcher;
+use mesh_proto::type_url;
+use serde::Serialize;
+
+use super::super::any::{bool_value, duration, pack, u32_value};
+use super::super::inputs::{Protocol, WaypointPolicy, WaypointRequestAuthn};
+use super::super::listeners::{
+    http_filter, network_filter, original_dst_filter, router, socket_address, tcp_chain_filter,
+};
+use super::super::routes::{default_route, RouteError};
+use super::super::{clusters, jwt, names, rbac, tls};
+use super::{Builder, SidecarError, SidecarKey};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const INBOUND_PORT: u16 = mesh_capture::INBOUND_CAPTURE_PORT;
+const HTTP_ALPN: &[&str] = &["h2", "http/1.1"];
+
+/// How a port accepts peers, as PeerAuthentication says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum PeerMode {
+    /// Istio mutual TLS only.
+    Strict,
+    /// Istio mutual TLS or plain text.
+    Permissive,
+    /// Plain text (TLS passes through to the application).
+    Disable,
+}
+
+/// A port the workload serves (a target port of a service that selects it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InboundPort {
+    pub port: u16,
+    pub protocol: Protocol,
+}
+
+/// What one sidecar's inbound side depends on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SidecarInputs {
+    pub key: SidecarKey,
+    pub trust_domain: String,
+    /// Sorted by port.
+    pub ports: Vec<InboundPort>,
+    /// The workload's mode, and the ports that differ (`portLevelMtls`).
+    pub mode: PeerMode,
+    pub port_modes: BTreeMap<u16, PeerMode>,
+    /// The PeerAuthentication whose `portLevelMtls` gave `port_modes` (`namespace/name`).
+    pub port_modes_from: Option<String>,
+    /// AuthorizationPolicies and RequestAuthentications that select the workload.
+    #[serde(skip)]
+    pub policies: Vec<WaypointPolicy>,
+    #[serde(skip)]
+    pub request_authns: Vec<WaypointRequestAuthn>,
+}
+
+impl SidecarInputs {
+    fn mode_of(&self, port: u16) -> PeerMode {
+        self.port_modes.get(&port).copied().unwrap_or(self.mode)
+    }
+}
+
+/// The filters a chain ends with, and whether it terminates Istio mutual TLS.
+struct Chains<'a> {
+    inputs: &'a SidecarInputs,
+    http_filters: Vec<HttpFilter>,
+    tcp_rbac: Vec<Filter>,
+    chains: Vec<FilterChain>,
+}
+
+pub(super) fn generate(inputs: &SidecarInputs, out: &mut Builder, errors: &mut Vec<RouteError>) {
+    let mut policy_errors = Vec::new();
+    let mut authn_errors = Vec::new();
+    let jwt = jwt::filter(&inputs.request_authns, &mut authn_errors);
+    let mut http_rbac = rbac::http_filters(&inputs.policies, &mut policy_errors);
+    let mut tcp_rbac = if inputs.ports.iter().any(|p| p.protocol == Protocol::Tcp) {
+        rbac::tcp_filters(&inputs.policies, &mut policy_errors)
+    } else {
+        Vec::new()
+    };
+    for (_, f) in &mut http_rbac {
+        f.rules.iter_mut().for_each(peer_from_connection);
+    }
+    for (_, f) in &mut tcp_rbac {
+        f.rules.iter_mut().for_each(peer_from_connection);
+    }
+    errors.extend(authn_errors.into_iter().map(RouteError::Authn));
+    let mut seen = Vec::new();
+    for e in policy_errors {
+        if !seen.contains(&e) {
+            seen.push(e);
+        }
+    }
+    errors.extend(seen.into_iter().map(RouteError::Policy));
+    if let Some(policy) = &inputs.port_modes_from {
+        for port in inputs.port_modes.keys() {
+            if !inputs.ports.iter().any(|p| p.port == *port) {
+                errors.push(RouteError::Sidecar(SidecarError::UnknownMtlsPort {
+                    policy: policy.clone(),
+                    port: *port,
+                    workload: inputs.key.to_string(),
+                }));
+            }
+        }
+    }
+    let mut http_filters: Vec<HttpFilter> = (jwt.iter())
+        .map(|config| http_filter(jwt::JWT_FILTER, pack(config)))
+        .chain(
+            http_rbac
+                .iter()
+                .map(|(name, config)| http_filter(name, pack(config))),
+        )
+        .collect();
+    http_filters.push(router());
+    let mut chains = Chains {
+        inputs,
+        http_filters,
+        tcp_rbac: (tcp_rbac.iter())
+            .map(|(name, config)| network_filter(name, pack(config)))
+            .collect(),
+        chains: Vec::new(),
+    };
+    chains.loop_guard();
+    for port in &inputs.ports {
+        chains.port(port);
+        let cluster = inbound_cluster(port);
+        out.put(type_url::CLUSTER, &cluster.name.clone(), &cluster);
+    }
+    chains.passthrough();
+    let listener = Listener {
+        name: names::VIRTUAL_INBOUND.to_string(),
+        address: Some(socket_address("0.0.0.0", INBOUND_PORT)),
+        listener_filters: vec![original_dst_filter(), tls_inspector()],
+        filter_chains: chains.chains,
+        traffic_direction: mesh_proto::envoy::pb::envoy::config::core::v3::TrafficDirection::Inbound
+            as i32,
+        ..Listener::default()
+    };
+    out.put(type_url::LISTENER, names::VIRTUAL_INBOUND, &listener);
+}
+
+impl Chains<'_> {
+    /// Connections to 15006 itself would loop: refused.
+    fn loop_guard(&mut self) {
+        self.chains.push(FilterChain {
+            name: "virtualInbound-blackhole".to_string(),
+            filter_chain_match: Some(port_match(Some(INBOUND_PORT))),
+            filters: vec![blackhole()],
+            ..FilterChain::default()
+        });
+    }
+
+    /// A declared port: its protocol's filters towards `inbound|<port>||`.
+    fn port(&mut self, port: &InboundPort) {
+        let cluster = names::inbound_cluster(port.port);
+        let name = format!("0.0.0.0_{}", port.port);
+        let http = port.protocol != Protocol::Tcp;
+        let filters = |mtls: bool, this: &Chains<'_>| {
+            if http {
+                vec![this.hcm(port.port, &cluster, mtls)]
+            } else {
+                let mut f = this.tcp_rbac.clone();
+                f.push(tcp_chain_filter(
+                    &cluster,
+                    tcp_proxy::ClusterSpecifier::Cluster(cluster.clone()),
+                ));
+                f
+            }
+        };
+        let alpn: &[&str] = if http { HTTP_ALPN } else { &[] };
+        self.by_mode(
+            self.inputs.mode_of(port.port),
+            Some(port.port),
+            &name,
+            alpn,
+            &filters,
+        );
+    }
+
+    /// Undeclared ports: straight to the application, as the workload's mode allows.
+    fn passthrough(&mut self) {
+        let filters = |_mtls: bool, this: &Chains<'_>| {
+            let mut f = this.tcp_rbac.clone();
+            f.push(tcp_chain_filter(
+                names::INBOUND_PASSTHROUGH_CLUSTER,
+                tcp_proxy::ClusterSpecifier::Cluster(
+                    names::INBOUND_PASSTHROUGH_CLUSTER.to_string(),
+                ),
+            ));
+            f
+        };
+        self.by_mode(self.inputs.mode, None, "virtualInbound", &[], &filters);
+    }
+
+    /// The chains of one port (or of all undeclared ones) for `mode`: STRICT terminates Istio
+    /// mutual TLS and refuses anything else; PERMISSIVE terminates it when the client offers
+    /// Istio's ALPN and passes the rest on as plain text; DISABLE passes everything on.
+    fn by_mode(
+        &mut self,
+        mode: PeerMode,
+        port: Option<u16>,
+        name: &str,
+        alpn: &[&str],
+        filters: &dyn Fn(bool, &Chains<'_>) -> Vec<Filter>,
+    ) {
+        let tls_match = |application_protocols: Vec<String>| FilterChainMatch {
+            transport_protocol: "tls".to_string(),
+            application_protocols,
+            ..port_match(port)
+        };
+        let mtls_chain = |m: FilterChainMatch, this: &Chains<'_>| FilterChain {
+            name: format!("{name}-mtls"),
+            filter_chain_match: Some(m),
+            filters: filters(true, this),
+            transport_socket: Some(tls::istio_mutual_server(&this.inputs.trust_domain, alpn)),
+            ..FilterChain::default()
+        };
+        match mode {
+            PeerMode::Strict => {
+                self.chains.push(mtls_chain(tls_match(Vec::new()), self));
+                self.chains.push(FilterChain {
+                    name: format!("{name}-refused"),
+                    filter_chain_match: Some(port_match(port)),
+                    filters: vec![blackhole()],
+                    ..FilterChain::default()
+                });
+            }
+            PeerMode::Permissive => {
+                let istio = tls::ISTIO_INBOUND_ALPN
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                self.chains.push(mtls_chain(tls_match(istio), self));
+                self.chains.push(FilterChain {
+                    name: name.to_string(),
+                    filter_chain_match: Some(port_match(port)),
+                    filters: filters(false, self),
+                    ..FilterChain::default()
+                });
+            }
+            PeerMode::Disable => self.chains.push(FilterChain {
+                name: name.to_string(),
+                filter_chain_match: Some(port_match(port)),
+                filters: filters(false, self),
+                ..FilterChain::default()
+            }),
+        }
+    }
+
+    /// The HTTP connection manager of a declared HTTP port: JWT, RBAC, the router to the
+    /// port's cluster; the client's identity travels in `x-forwarded-client-cert`.
+    fn hcm(&self, port: u16, cluster: &str, mtls: bool) -> Filter {
+        let hcm = HttpConnectionManager {
+            stat_prefix: format!("inbound_0.0.0.0_{port}"),
+            codec_type: CodecType::Auto as i32,
+            route_specifier: Some(RouteSpecifier::RouteConfig(RouteConfiguration {
+                name: cluster.to_string(),
+                validate_clusters: Some(bool_value(false)),
+                virtual_hosts: vec![VirtualHost {
+                    name: format!("inbound|http|{port}"),
+                    domains: vec!["*".to_string()],
+                    routes: vec![default_route(cluster)],
+                    ..VirtualHost::default()
+                }],
+                ..RouteConfiguration::default()
+            })),
+            http_filters: self.http_filters.clone(),
+            normalize_path: Some(bool_value(true)),
+            forward_client_cert_details: if mtls {
+                ForwardClientCertDetails::AppendForward as i32
+            } else {
+                ForwardClientCertDetails::Sanitize as i32
+            },
+            set_current_client_cert_details: mtls.then(|| SetCurrentClientCertDetails {
+                subject: Some(bool_value(true)),
+                dns: true,
+                uri: true,
+                ..SetCurrentClientCertDetails::default()
+            }),
+            stream_idle_timeout: Some(duration(Duration::ZERO)),
+            ..HttpConnectionManager::default()
+        };
+        network_filter("envoy.filters.network.http_connection_manager", pack(&hcm))
+    }
+}
+
+fn port_match(port: Option<u16>) -> FilterChainMatch {
+    FilterChainMatch {
+        destination_port: port.map(|p| u32_value(u32::from(p))),
+        ..FilterChainMatch::default()
+    }
+}
+
+fn blackhole() -> Filter {
+    tcp_chain_filter(
+        names::BLACKHOLE_CLUSTER,
+        tcp_proxy::ClusterSpecifier::Cluster(names::BLACKHOLE_CLUSTER.to_string()),
+    )
+}
+
+fn tls_inspector() -> ListenerFilter {
+    ListenerFilter {
+        name: "envoy.filters.listener.tls_inspector".to_string(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
+            &TlsInspector::default(),
+        ))),
+        ..ListenerFilter::default()
+    }
+}
+
+/// `inbound|<port>||`: the connection's original destination (the pod's own address and
+/// port), reached from 127.0.0.6.
+fn inbound_cluster(port: &InboundPort) -> Cluster {
+    let mut cluster = Cluster {
+        name: names::inbound_cluster(port.port),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(
+            DiscoveryType::OriginalDst as i32,
+        )),
+        lb_policy: LbPolicy::ClusterProvided as i32,
+        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
+        cleanup_interval: Some(duration(Duration::from_secs(60))),
+        upstream_bind_config: Some(super::outbound::inbound_bind()),
+        ..Cluster::default()
+    };
+    if port.protocol.upstream_h2() {
+        cluster.typed_extension_protocol_options.insert(
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
+            pack(&clusters::h2_options(false)),
+        );
+    }
+    cluster
+}
+
+/// A waypoint matches principals on the identity HBONE carried (filter state); a sidecar on
+/// the certificate of the connection itself.
+fn peer_from_connection(rules: &mut Rbac) {
+    for policy in rules.policies.values_mut() {
+        policy.principals.iter_mut().for_each(rewrite_principal);
+    }
+}
+
+fn rewrite_principal(p: &mut Principal) {
+    use principal::Identifier;
+    match &mut p.identifier {
+        Some(Identifier::AndIds(set) | Identifier::OrIds(set)) => {
+            set.ids.iter_mut().for_each(rewrite_principal)
+        }
+        Some(Identifier::NotId(inner)) => rewrite_principal(inner),
+        Some(Identifier::FilterState(fs)) if fs.key == names::FS_PEER_PRINCIPAL => {
+            let matcher = match fs.matcher.take() {
+                Some(filter_state_matcher::Matcher::StringMatch(m)) => Some(m),
+                _ => None,
+            };
+            p.identifier = Some(Identifier::Authenticated(principal::Authenticated {
+                principal_name: matcher,
+            }));
+        }
+        _ => {}
+    }
+}

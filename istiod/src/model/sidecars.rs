@@ -1,0 +1,330 @@
+//! Each sidecar's Envoy configuration.
+//!
+//! A sidecar is a pod whose `sidecar.istio.io/status` annotation says it was injected. Its
+//! outbound side (every service, with the DestinationRules its namespace sees) is generated
+//! once per namespace and shared; its inbound side (its ports, PeerAuthentication mode,
+//! AuthorizationPolicies and RequestAuthentications selecting it) per pod. Any change marks the
+//! sidecars for regeneration (while there are any); a sidecar whose resources come out the same
+//! keeps its previous value, so its proxies get no push.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use mesh_api::{selector_matches, Kind, MtlsMode, Object, ObjectKey, PeerAuthentication};
+use mesh_proto::workload::{address, Address};
+use mesh_xds::ResourceMap;
+use prost::Message;
+
+use super::peer_auth::{oldest, pa_selector};
+use super::state::{meta_labels, State};
+use super::waypoints::WaypointIndex;
+use super::workload::pod_uid;
+use super::ModelConfig;
+use crate::envoy::sidecar::{
+    generate_outbound, generate_sidecar, InboundPort, PeerMode, SidecarInputs, SidecarKey,
+};
+use crate::envoy::{Attached, Flavor, Protocol, ProxyResources, WaypointInputs, WaypointKey};
+
+/// The annotation the injector writes on every pod it gives a sidecar.
+pub(crate) const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
+
+/// Sidecar configuration by pod, shared by every snapshot until it changes.
+pub(crate) type SidecarViews = imbl::OrdMap<SidecarKey, Arc<ProxyResources>>;
+
+#[derive(Debug, Default)]
+pub(crate) struct SidecarIndex {
+    /// Pods with a sidecar.
+    pods: BTreeSet<SidecarKey>,
+    dirty: bool,
+    /// The outbound side by namespace, as last generated.
+    outbound: HashMap<String, Arc<ProxyResources>>,
+    pub views: SidecarViews,
+}
+
+impl SidecarIndex {
+    /// Follows an object change: pods gain or lose sidecars; anything may change what they are
+    /// served.
+    pub fn on_object(&mut self, key: &ObjectKey, new: Option<&Object>) {
+        if key.kind == Kind::Pod {
+            let sk = SidecarKey {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+            };
+            let injected = new.is_some_and(|o| {
+                o.metadata()
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(SIDECAR_STATUS_ANNOTATION))
+            });
+            if injected {
+                self.pods.insert(sk);
+            } else {
+                self.pods.remove(&sk);
+            }
+        }
+        self.touch();
+    }
+
+    /// Marks the sidecars for regeneration (a WDS resource or the settings changed).
+    pub fn touch(&mut self) {
+        self.dirty = !self.pods.is_empty() || !self.views.is_empty();
+    }
+
+    /// Regenerates every sidecar against the committed state, if anything changed.
+    pub fn rebuild(
+        &mut self,
+        cfg: &ModelConfig,
+        state: &State,
+        waypoints: &WaypointIndex,
+        addresses: &ResourceMap,
+        version: u64,
+    ) {
+        if !std::mem::take(&mut self.dirty) {
+            return;
+        }
+        let namespaces: BTreeSet<&str> = self.pods.iter().map(|k| k.namespace.as_str()).collect();
+        let mut outbound = HashMap::new();
+        for ns in namespaces {
+            let inputs = WaypointInputs {
+                key: WaypointKey {
+                    namespace: ns.to_string(),
+                    name: String::new(),
+                },
+                flavor: Flavor::Sidecar,
+                trust_domain: cfg.trust_domain.clone(),
+                domain_suffix: cfg.domain_suffix.clone(),
+                access_log_file: cfg.access_log_file.clone(),
+                services: waypoints.services_for_sidecars(cfg, state, addresses, ns),
+            };
+            let fresh = generate_outbound(&inputs, version);
+            let kept = match self.outbound.remove(ns) {
+                Some(old) if old.same_content(&fresh) => old,
+                _ => Arc::new(fresh),
+            };
+            outbound.insert(ns.to_string(), kept);
+        }
+        self.outbound = outbound;
+        let gone: Vec<SidecarKey> = (self.views.keys())
+            .filter(|k| !self.pods.contains(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            self.views.remove(&k);
+        }
+        for key in &self.pods {
+            let Some(out) = self.outbound.get(&key.namespace) else {
+                continue;
+            };
+            let inputs = inbound_inputs(cfg, state, waypoints, addresses, key);
+            let fresh = generate_sidecar(out, &inputs, version);
+            for e in fresh.errors.iter().skip(out.errors.len()) {
+                tracing::warn!(sidecar = %key, reason = e.reason(), "{e}");
+            }
+            let keep = self
+                .views
+                .get(key)
+                .is_some_and(|old| old.same_content(&fresh));
+            if !keep {
+                self.views.insert(key.clone(), Arc::new(fresh));
+            }
+        }
+    }
+}
+
+/// The inbound side of one sidecar.
+fn inbound_inputs(
+    cfg: &ModelConfig,
+    state: &State,
+    waypoints: &WaypointIndex,
+    addresses: &ResourceMap,
+    key: &SidecarKey,
+) -> SidecarInputs {
+    let pod = state.get(&ObjectKey::new(Kind::Pod, &key.namespace, &key.name));
+    let labels = pod
+        .map(|p| meta_labels(p.metadata()).clone())
+        .unwrap_or_default();
+    let uid = pod_uid(&cfg.cluster_id, &key.namespace, &key.name);
+    let (mode, port_modes, port_modes_from) = peer_modes(cfg, state, &key.namespace, &labels);
+    SidecarInputs {
+        key: key.clone(),
+        trust_domain: cfg.trust_domain.clone(),
+        ports: inbound_ports(state, waypoints, addresses, &uid),
+        mode,
+        port_modes,
+        port_modes_from,
+        policies: selecting(
+            cfg,
+            state,
+            Kind::AuthorizationPolicy,
+            &key.namespace,
+            &labels,
+        )
+        .into_iter()
+        .filter_map(|(k, o)| match o {
+            Object::AuthorizationPolicy(p) => Some(Attached {
+                key: k,
+                policy: Arc::new((**p).clone()),
+            }),
+            _ => None,
+        })
+        .collect(),
+        request_authns: selecting(
+            cfg,
+            state,
+            Kind::RequestAuthentication,
+            &key.namespace,
+            &labels,
+        )
+        .into_iter()
+        .filter_map(|(k, o)| match o {
+            Object::RequestAuthentication(p) => Some(Attached {
+                key: k,
+                policy: Arc::new((**p).clone()),
+            }),
+            _ => None,
+        })
+        .collect(),
+    }
+}
+
+/// The target ports of the services that select the workload, with their protocols.
+fn inbound_ports(
+    state: &State,
+    waypoints: &WaypointIndex,
+    addresses: &ResourceMap,
+    uid: &str,
+) -> Vec<InboundPort> {
+    let Some(address::Type::Workload(w)) = addresses
+        .get(uid)
+        .and_then(|r| Address::decode(r.body.value.as_slice()).ok())
+        .and_then(|a| a.r#type)
+    else {
+        return Vec::new();
+    };
+    let mut ports: BTreeMap<u16, Protocol> = BTreeMap::new();
+    for (svc_key, list) in &w.services {
+        for p in &list.ports {
+            let (Ok(service_port), Ok(target)) =
+                (u16::try_from(p.service_port), u16::try_from(p.target_port))
+            else {
+                continue;
+            };
+            let target = if target == 0 { service_port } else { target };
+            let protocol = waypoints
+                .port_protocol(state, addresses, svc_key, service_port)
+                .unwrap_or(Protocol::Http);
+            ports.entry(target).or_insert(protocol);
+        }
+    }
+    ports
+        .into_iter()
+        .map(|(port, protocol)| InboundPort { port, protocol })
+        .collect()
+}
+
+/// The workload's PeerAuthentication mode as Istio resolves it: the mesh policy (root
+/// namespace, no selector), overridden by the namespace's, overridden by the oldest workload
+/// policy selecting it (whose `portLevelMtls` set single ports); PERMISSIVE when none says.
+fn peer_modes(
+    cfg: &ModelConfig,
+    state: &State,
+    ns: &str,
+    labels: &BTreeMap<String, String>,
+) -> (PeerMode, BTreeMap<u16, PeerMode>, Option<String>) {
+    let all = |n: &str| -> Vec<&PeerAuthentication> {
+        state
+            .objects_in(Kind::PeerAuthentication, n)
+            .filter_map(|o| match o {
+                Object::PeerAuthentication(p) => Some(&**p),
+                _ => None,
+            })
+            .collect()
+    };
+    let root = cfg.root_namespace.as_str();
+    let mesh = oldest(all(root).into_iter().filter(|p| pa_selector(p).is_none()));
+    let namespace = (ns != root)
+        .then(|| oldest(all(ns).into_iter().filter(|p| pa_selector(p).is_none())))
+        .flatten();
+    let workload = oldest(
+        all(ns)
+            .into_iter()
+            .filter(|p| pa_selector(p).is_some_and(|s| selector_matches(s, Some(labels)))),
+    );
+    let mut mode = PeerMode::Permissive;
+    for pa in [mesh, namespace, workload].into_iter().flatten() {
+        if let Some(m) = convert(pa.spec.mtls.as_ref().map(|m| m.mode)) {
+            mode = m;
+        }
+    }
+    let mut ports = BTreeMap::new();
+    let mut from = None;
+    if let Some(w) = workload {
+        for (port, m) in &w.spec.port_level_mtls {
+            let (Ok(port), Some(m)) = (port.parse::<u16>(), convert(Some(m.mode))) else {
+                continue;
+            };
+            ports.insert(port, m);
+        }
+        if !ports.is_empty() {
+            from = Some(format!(
+                "{}/{}",
+                w.metadata.namespace.as_deref().unwrap_or(ns),
+                w.metadata.name.as_deref().unwrap_or_default()
+            ));
+        }
+    }
+    (mode, ports, from)
+}
+
+/// A PeerAuthentication mode; `None` for UNSET (inherit).
+fn convert(mode: Option<MtlsMode>) -> Option<PeerMode> {
+    match mode? {
+        MtlsMode::Unset => None,
+        MtlsMode::Strict => Some(PeerMode::Strict),
+        MtlsMode::Permissive => Some(PeerMode::Permissive),
+        MtlsMode::Disable => Some(PeerMode::Disable),
+    }
+}
+
+/// The policies of `kind` in force for a workload with `labels` in `ns`, by `namespace/name`:
+/// those of its namespace whose selector matches (or that have none), and the root
+/// namespace's without a selector (mesh-wide). Policies with `targetRef(s)` are for waypoints
+/// and gateways.
+fn selecting<'s>(
+    cfg: &ModelConfig,
+    state: &'s State,
+    kind: Kind,
+    ns: &str,
+    labels: &BTreeMap<String, String>,
+) -> Vec<(String, &'s Object)> {
+    let mut out = BTreeMap::new();
+    let root = cfg.root_namespace.as_str();
+    for pns in if ns == root { vec![ns] } else { vec![ns, root] } {
+        for obj in state.objects_in(kind, pns) {
+            let (selector, targeted) = match obj {
+                Object::AuthorizationPolicy(p) => (
+                    p.spec.selector.as_ref().map(|s| &s.match_labels),
+                    p.spec.target_ref.is_some() || !p.spec.target_refs.is_empty(),
+                ),
+                Object::RequestAuthentication(p) => (
+                    p.spec.selector.as_ref().map(|s| &s.match_labels),
+                    p.spec.targets().next().is_some(),
+                ),
+                _ => continue,
+            };
+            // A selector in the root namespace selects workloads of every namespace.
+            let applies = match selector.filter(|s| !s.is_empty()) {
+                Some(s) => selector_matches(s, Some(labels)),
+                None => true,
+            };
+            if applies && !targeted {
+                let name = obj.metadata().name.as_deref().unwrap_or_default();
+                out.insert(format!("{pns}/{name}"), obj);
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests;
