@@ -1,7 +1,7 @@
 //! Sidecars on the local mesh: pods of a namespace without ambient, each with its init step's
 //! capture and `pilot-agent proxy sidecar` (the real Envoy 1.40, configured by istiod), calling
-//! each other over Istio mutual TLS, and PeerAuthentication and AuthorizationPolicy enforced at
-//! the receiving sidecar.
+//! each other over Istio mutual TLS, calling ambient pods and called by them over HBONE, with
+//! PeerAuthentication and AuthorizationPolicy enforced at the receiving sidecar.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -13,7 +13,17 @@ use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp, HttpRespo
 
 const APP_PORT: u16 = 8080;
 const SERVER_VIP: &str = "10.96.0.30";
+const AMBIENT_VIP: &str = "10.96.0.31";
+const APP_METRICS_PORT: u16 = 9100;
+const APP_METRIC: &str = "app_orders_total 7";
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/legacy/sa/client";
+const AMBIENT_CLIENT_ID: &str = "spiffe://cluster.local/ns/demo/sa/amb-client";
+
+fn service(ns: &str, name: &str, vip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  clusterIP: {vip}\n  selector: {{app: {name}}}\n  ports:\n  - name: http\n    port: 80\n    targetPort: {APP_PORT}\n"
+    )
+}
 
 fn setup(dir: &ClusterDir) {
     dir.write(
@@ -21,18 +31,20 @@ fn setup(dir: &ClusterDir) {
         &namespace_yaml("legacy", &[("istio-injection", "enabled")]),
     );
     dir.write(
-        "svc-server.yaml",
-        &format!(
-            "apiVersion: v1\nkind: Service\nmetadata:\n  name: server\n  namespace: legacy\nspec:\n  clusterIP: {SERVER_VIP}\n  selector: {{app: server}}\n  ports:\n  - name: http\n    port: 80\n    targetPort: {APP_PORT}\n"
-        ),
+        "ns-demo.yaml",
+        &namespace_yaml("demo", &[("istio.io/dataplane-mode", "ambient")]),
     );
+    dir.write("svc-server.yaml", &service("legacy", "server", SERVER_VIP));
+    dir.write("svc-amb.yaml", &service("demo", "amb", AMBIENT_VIP));
 }
 
-/// A pod as the injector leaves it: the status annotation and the `tlsMode` label.
+/// A pod as the injector leaves it: the status annotation, the `tlsMode` label and, as with
+/// the ambient profile's `ISTIO_META_ENABLE_HBONE`, the tunnel label (its sidecar takes HBONE).
 fn injected(name: &str, node: &str) -> PodSpec {
     PodSpec::new("legacy", name, node, name)
         .annotation("sidecar.istio.io/status", "{}")
         .label("security.istio.io/tlsMode", "istio")
+        .label("networking.istio.io/tunnel", "http")
 }
 
 fn get(netns: &Netns, addr: SocketAddr) -> Option<HttpResponse> {
@@ -41,6 +53,23 @@ fn get(netns: &Netns, addr: SocketAddr) -> Option<HttpResponse> {
 
 fn vip() -> SocketAddr {
     SocketAddr::from((SERVER_VIP.parse::<Ipv4Addr>().expect("vip"), 80))
+}
+
+fn ambient_vip() -> SocketAddr {
+    SocketAddr::from((AMBIENT_VIP.parse::<Ipv4Addr>().expect("vip"), 80))
+}
+
+/// Whether `node`'s ztunnel reported an inbound connection from `principal`.
+fn ztunnel_saw(c: &MeshCluster, node: &str, principal: &str) -> bool {
+    c.node(node)
+        .ztunnel
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
+        .any(|l| {
+            l.contains("reporter=\"destination\"")
+                && l.contains(&format!("source_principal=\"{principal}\""))
+        })
 }
 
 /// Polls `f` for up to 20 s.
@@ -74,8 +103,9 @@ struct Mesh {
     client: MeshPod,
     server: MeshPod,
     outsider: MeshPod,
+    amb_client: MeshPod,
     app: HttpApp,
-    _outsider_app: HttpApp,
+    _apps: Vec<HttpApp>,
     client_proxy: Waypoint,
     server_proxy: Waypoint,
 }
@@ -92,10 +122,21 @@ fn deploy() -> Mesh {
     let client = add(injected("client", "node1"));
     let server = add(injected("server", "node2"));
     let outsider = add(PodSpec::new("legacy", "outsider", "node1", "outsider"));
+    let amb = add(PodSpec::new("demo", "amb", "node2", "amb"));
+    let amb_client = add(PodSpec::new("demo", "amb-client", "node1", "amb-client"));
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT));
     let app = HttpApp::start(&server.netns, any, "server").expect("server app");
     let outsider_app = HttpApp::start(&outsider.netns, any, "outsider").expect("outsider app");
-    let server_proxy = Waypoint::start_sidecar(&server, &cluster.istiod, &[]);
+    let amb_app = HttpApp::start(&amb.netns, any, "amb").expect("ambient app");
+    // The server's own metrics, which its sidecar merges into the status port's.
+    let metrics_addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_METRICS_PORT));
+    let app_metrics = HttpApp::start(&server.netns, metrics_addr, APP_METRIC).expect("metrics app");
+    let scrape = format!(r#"{{"scrape":"true","path":"/metrics","port":"{APP_METRICS_PORT}"}}"#);
+    let server_proxy = Waypoint::start_sidecar(
+        &server,
+        &cluster.istiod,
+        &[("ISTIO_PROMETHEUS_ANNOTATIONS", &scrape)],
+    );
     let client_proxy = Waypoint::start_sidecar(&client, &cluster.istiod, &[]);
     server_proxy.wait_ready(Duration::from_secs(30));
     client_proxy.wait_ready(Duration::from_secs(30));
@@ -104,8 +145,9 @@ fn deploy() -> Mesh {
         client,
         server,
         outsider,
+        amb_client,
         app,
-        _outsider_app: outsider_app,
+        _apps: vec![outsider_app, amb_app, app_metrics],
         client_proxy,
         server_proxy,
     }
@@ -153,6 +195,42 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
         "the server sidecar saw the client's certificate: {xfcc:?}"
     );
 
+    // Sidecar -> ambient pod: HBONE from the sidecar, with its own identity, to the pod's
+    // ztunnel.
+    let to_ambient = eventually(|| {
+        get(&m.client.netns, ambient_vip()).is_some_and(|r| r.status == 200 && r.body == "amb")
+    });
+    assert!(to_ambient, "sidecar -> ambient\n{}", m.logs());
+    assert!(
+        ztunnel_saw(&m.cluster, "node2", CLIENT_ID),
+        "the ambient pod's ztunnel saw the sidecar's identity\n{}",
+        m.logs()
+    );
+
+    // Ambient pod -> sidecar: the client's ztunnel tunnels to the sidecar's 15008, which
+    // checks the tunnel's identity and hands the stream to the app.
+    let from_ambient = eventually(|| {
+        get(&m.amb_client.netns, vip()).is_some_and(|r| r.status == 200 && r.body == "server")
+    });
+    assert!(from_ambient, "ambient -> sidecar\n{}", m.logs());
+    let xfcc = m
+        .app
+        .last_headers()
+        .get("x-forwarded-client-cert")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        xfcc.contains(&format!("URI={AMBIENT_CLIENT_ID}")),
+        "the server sidecar saw the ambient client's identity: {xfcc:?}\n{}",
+        m.logs()
+    );
+    assert!(
+        m.server_proxy
+            .stat("http.connect_terminate.downstream_rq_total")
+            > 0,
+        "through the sidecar's connect_terminate"
+    );
+
     // A destination that is no service passes through the client's sidecar untouched.
     let direct = get(&m.client.netns, m.outsider.addr(APP_PORT));
     assert_eq!(direct.map(|r| r.body), Some("outsider".to_string()));
@@ -172,6 +250,8 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
     assert!(refused, "STRICT refuses plain text\n{}", m.logs());
     let ok = get(&m.client.netns, vip()).map(|r| r.status);
     assert_eq!(ok, Some(200), "STRICT accepts the client's sidecar");
+    let ok = get(&m.amb_client.netns, vip()).map(|r| r.status);
+    assert_eq!(ok, Some(200), "STRICT accepts HBONE from an ambient pod");
 
     // AuthorizationPolicy DENY by principal, at the server's sidecar.
     m.cluster.objects().write(
@@ -186,6 +266,14 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
         allowed,
         "allowed again once the policy is gone\n{}",
         m.logs()
+    );
+
+    // The status port merges the agent's, Envoy's and the app's own metrics.
+    let merged = m.server_proxy.metrics();
+    assert!(merged.contains(APP_METRIC), "app metrics merged:\n{merged}");
+    assert!(
+        merged.contains("envoy_cluster_manager_cds_update_success"),
+        "Envoy's"
     );
 
     nothing_rejected(&m.client_proxy);

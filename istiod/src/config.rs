@@ -135,6 +135,17 @@ pub struct Config {
     #[arg(long, env = "ACCESS_LOG_FILE", default_value = "")]
     pub access_log_file: String,
 
+    /// Sidecars reach endpoints that take HBONE (ambient pods) through HBONE with their own
+    /// identity (Istio's flag of this name; on, as with ambient enabled).
+    #[arg(long, env = "PILOT_ENABLE_SENDING_HBONE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enable_sending_hbone: bool,
+
+    /// Sidecars of pods labelled `networking.istio.io/tunnel: http` (the injector's label when
+    /// the proxy metadata says `ISTIO_META_ENABLE_HBONE`) accept HBONE on 15008 (Istio's flag of
+    /// this name; on, as with ambient enabled).
+    #[arg(long, env = "PILOT_ENABLE_SIDECAR_LISTENING_HBONE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enable_sidecar_listening_hbone: bool,
+
     /// Namespace whose selector-less policies apply mesh-wide.
     #[arg(long, env = "ROOT_NAMESPACE", default_value = "istio-system")]
     pub root_namespace: String,

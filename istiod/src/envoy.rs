@@ -82,6 +82,10 @@ pub mod names {
     pub const TLS_MODE_ISTIO: &str = "istio";
     pub const TLS_MODE_DISABLED: &str = "disabled";
     pub const TLS_MODE_ISTIO_MATCH: &str = "tlsMode-istio";
+    /// Endpoints a sidecar reaches through HBONE: `envoy.transport_socket_match: {tunnel: http}`.
+    pub const HBONE_MATCH: &str = "hbone";
+    pub const TUNNEL_KEY: &str = "tunnel";
+    pub const TUNNEL_HTTP: &str = "http";
     pub const TLS_MODE_DISABLED_MATCH: &str = "tlsMode-disabled";
     /// The pod label Istio's injector sets on pods with a sidecar.
     pub const TLS_MODE_LABEL: &str = "security.istio.io/tlsMode";

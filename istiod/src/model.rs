@@ -60,6 +60,11 @@ pub struct ModelConfig {
     /// Where waypoints write an access log line per request (mesh config `accessLogFile`);
     /// empty for none.
     pub access_log_file: String,
+    /// Sidecars reach endpoints that take HBONE through HBONE (`PILOT_ENABLE_SENDING_HBONE`).
+    pub sending_hbone: bool,
+    /// Sidecars of pods labelled `networking.istio.io/tunnel: http` accept HBONE on 15008
+    /// (`PILOT_ENABLE_SIDECAR_LISTENING_HBONE`).
+    pub sidecar_listening_hbone: bool,
 }
 
 impl Default for ModelConfig {
@@ -71,6 +76,8 @@ impl Default for ModelConfig {
             root_namespace: "istio-system".into(),
             network: String::new(),
             access_log_file: String::new(),
+            sending_hbone: true,
+            sidecar_listening_hbone: true,
         }
     }
 }

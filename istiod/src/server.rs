@@ -573,6 +573,8 @@ fn model_config(config: &Config) -> ModelConfig {
         root_namespace: config.root_namespace.clone(),
         access_log_file: config.access_log_file.clone(),
         network: config.network.clone(),
+        sending_hbone: config.enable_sending_hbone,
+        sidecar_listening_hbone: config.enable_sidecar_listening_hbone,
     }
 }
 

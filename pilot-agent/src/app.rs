@@ -121,6 +121,8 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
             target: crate::app_probe::ProbeTarget::new(cfg.instance_ip, cfg.probe_localhost),
             status_port: config::STATUS_PORT,
         },
+        app_metrics: (cfg.app_metrics.as_ref())
+            .map(|m| (crate::admin::EnvoyAdmin::new(m.port), m.path.clone())),
     };
     let server =
         BoundServer::bind((std::net::Ipv4Addr::UNSPECIFIED, config::STATUS_PORT).into()).await?;

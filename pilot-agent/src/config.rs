@@ -19,6 +19,9 @@ pub const INSTANCE_IP: &str = "INSTANCE_IP";
 pub const APP_PROBERS: &str = "ISTIO_KUBE_APP_PROBERS";
 /// Probe the app on `localhost` rather than on the pod's IP.
 pub const PROBE_LOCALHOST: &str = "REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION";
+/// The app's own Prometheus scrape settings, which the injector moved off the pod's
+/// `prometheus.io/*` annotations (JSON `{"scrape": ..., "path": ..., "port": ...}`).
+pub const PROMETHEUS_ANNOTATIONS: &str = "ISTIO_PROMETHEUS_ANNOTATIONS";
 pub const SERVICE_ACCOUNT: &str = "SERVICE_ACCOUNT";
 pub const TRUST_DOMAIN: &str = "TRUST_DOMAIN";
 /// The CA address (`host:port` or a URL); defaults to the discovery address.
@@ -118,6 +121,51 @@ const ENVOY_LEVELS: [&str; 8] = [
     "trace", "debug", "info", "warning", "warn", "error", "critical", "off",
 ];
 
+/// The app's metrics endpoint, as Istio's agent reads it: path `/metrics` and port 80 unless
+/// given; never the status port itself (the merge would call itself).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AppMetrics {
+    pub port: u16,
+    pub path: String,
+}
+
+impl AppMetrics {
+    /// Parses `ISTIO_PROMETHEUS_ANNOTATIONS`; `None` when it names nothing to scrape.
+    pub fn parse(raw: &str) -> Result<Option<AppMetrics>, String> {
+        #[derive(serde::Deserialize, Default)]
+        struct Scrape {
+            #[serde(default)]
+            scrape: String,
+            #[serde(default)]
+            path: String,
+            #[serde(default)]
+            port: String,
+        }
+        let s: Scrape = serde_json::from_str(raw)
+            .map_err(|e| format!("{PROMETHEUS_ANNOTATIONS}={raw:?} is not the injector's JSON ({{\"scrape\":..,\"path\":..,\"port\":..}}): {e}"))?;
+        if s.scrape.is_empty() && s.path.is_empty() && s.port.is_empty() {
+            return Ok(None);
+        }
+        let port_text = if s.port.is_empty() {
+            "80"
+        } else {
+            s.port.as_str()
+        };
+        let port: u16 = port_text.parse().map_err(|_| {
+            format!("{PROMETHEUS_ANNOTATIONS}: port {port_text:?} is not a port number")
+        })?;
+        if port == STATUS_PORT {
+            return Err(format!("{PROMETHEUS_ANNOTATIONS}: the app's metrics port is the agent's status port {STATUS_PORT}, which would merge the metrics into themselves; remove prometheus.io/port={STATUS_PORT} from the pod or do not inject it twice"));
+        }
+        let path = if s.path.is_empty() {
+            "/metrics".to_string()
+        } else {
+            s.path
+        };
+        Ok(Some(AppMetrics { port, path }))
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Config {
@@ -156,6 +204,8 @@ pub struct Config {
     pub app_probers: crate::app_probe::Probers,
     /// Probe `localhost` instead of the pod's IP (`REWRITE_PROBE_LEGACY_LOCALHOST_DESTINATION`).
     pub probe_localhost: bool,
+    /// Where the app serves its own metrics, merged into the status port's (sidecars only).
+    pub app_metrics: Option<AppMetrics>,
     /// The working directory every relative path is under.
     pub root: PathBuf,
 }
@@ -224,6 +274,13 @@ impl Config {
                 Default::default()
             });
         let probe_localhost = get(PROBE_LOCALHOST).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let app_metrics = match (proxy_type, get(PROMETHEUS_ANNOTATIONS)) {
+            (ProxyType::Sidecar, Some(raw)) => AppMetrics::parse(raw).unwrap_or_else(|e| {
+                errors.push(e);
+                None
+            }),
+            _ => None,
+        };
         let proxy_config: ProxyConfigEnv = match get(PROXY_CONFIG) {
             Some(raw) => serde_yaml::from_str(raw).unwrap_or_else(|e| {
                 errors.push(format!(
@@ -333,6 +390,7 @@ impl Config {
             metadata,
             app_probers,
             probe_localhost,
+            app_metrics,
             root,
         })
     }
@@ -509,5 +567,41 @@ mod tests {
             parse_pod_labels("app=\"echo\"\ngateway.networking.k8s.io/gateway-name=\"waypoint\"\n");
         assert_eq!(l["gateway.networking.k8s.io/gateway-name"], "waypoint");
         assert_eq!(l["app"], "echo");
+    }
+
+    #[test]
+    fn the_apps_metrics_endpoint_is_read_as_istios_agent_reads_it() {
+        let parse = AppMetrics::parse;
+        assert_eq!(
+            parse(r#"{"scrape":"true","path":"/m","port":"9100"}"#),
+            Ok(Some(AppMetrics {
+                port: 9100,
+                path: "/m".into()
+            }))
+        );
+        assert_eq!(
+            parse(r#"{"scrape":"true"}"#),
+            Ok(Some(AppMetrics {
+                port: 80,
+                path: "/metrics".into()
+            }))
+        );
+        assert_eq!(parse("{}"), Ok(None));
+        let bad = parse(r#"{"port":"http"}"#).expect_err("not a port");
+        assert!(bad.contains("\"http\""), "{bad}");
+        let recursive = parse(r#"{"port":"15020"}"#).expect_err("the status port");
+        assert!(recursive.contains("15020"), "{recursive}");
+        assert!(parse("not json").is_err());
+        // Only sidecars merge the app's metrics.
+        let args = ProxyArgs::default();
+        let mut v = vars();
+        v.push((PROMETHEUS_ANNOTATIONS, r#"{"scrape":"true","port":"9100"}"#));
+        let sidecar = Config::from_vars(ProxyType::Sidecar, &args, v.clone(), "/w".into());
+        assert_eq!(
+            sidecar.expect("valid").app_metrics.map(|m| m.port),
+            Some(9100)
+        );
+        let waypoint = Config::from_vars(ProxyType::Waypoint, &args, v, "/w".into());
+        assert_eq!(waypoint.expect("valid").app_metrics, None);
     }
 }

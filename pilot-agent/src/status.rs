@@ -1,5 +1,6 @@
 //! The agent's status port (15020): `/healthz/ready` (Envoy live and its first CDS and LDS
-//! accepted), `/stats/prometheus` (the agent's metrics merged with Envoy's), `/quitquitquit`
+//! accepted), `/stats/prometheus` (the agent's metrics merged with Envoy's and, for a sidecar
+//! whose pod asked Prometheus to scrape it, the app's own), `/quitquitquit`
 //! (shut down), `/drain` (start draining Envoy's listeners) and `/app-health/...` (the app's
 //! rewritten kubelet probes, [`crate::app_probe`]).
 
@@ -27,6 +28,8 @@ pub struct StatusState {
     pub metrics: Metrics,
     pub shutdown: Arc<ShutdownTrigger>,
     pub app_probes: AppProbes,
+    /// The app's own metrics endpoint (a plain HTTP/1.1 GET on localhost) and path.
+    pub app_metrics: Option<(EnvoyAdmin, String)>,
 }
 
 pub fn router(state: StatusState) -> Router {
@@ -85,6 +88,18 @@ async fn stats(State(state): State<StatusState>) -> Response {
         }
         Ok((code, _)) => tracing::debug!(code, "Envoy stats unavailable"),
         Err(e) => tracing::debug!(error = %e, "Envoy stats unavailable"),
+    }
+    if let Some((app, path)) = &state.app_metrics {
+        match app.get(path).await {
+            Ok((200, text)) => {
+                if !body.is_empty() && !body.ends_with('\n') {
+                    body.push('\n');
+                }
+                body.push_str(&text);
+            }
+            Ok((code, _)) => tracing::debug!(code, path, "the app's metrics are unavailable"),
+            Err(e) => tracing::debug!(error = %e, path, "the app's metrics are unavailable"),
+        }
     }
     (
         [(

@@ -106,7 +106,7 @@ pub fn service_cluster(
 }
 
 /// A STATIC cluster whose one endpoint is the internal listener `listener`.
-fn internal_static(name: &str, listener: &str) -> Cluster {
+pub(super) fn internal_static(name: &str, listener: &str) -> Cluster {
     Cluster {
         name: name.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
@@ -125,7 +125,7 @@ fn internal_static(name: &str, listener: &str) -> Cluster {
 }
 
 /// HBONE to a pod's ztunnel: the original destination with port 15008, HTTP/2 CONNECT, TLS.
-fn connect_originate(trust_domain: &str) -> Cluster {
+pub(super) fn connect_originate(trust_domain: &str) -> Cluster {
     let mut cluster = Cluster {
         name: names::CONNECT_ORIGINATE.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(
@@ -206,7 +206,13 @@ fn port_cluster(
     let policy = ClusterPolicy::resolve(svc.destination_rule.as_deref(), subset, port.port);
     match inputs.flavor {
         Flavor::Waypoint => cluster.transport_socket = Some(internal_upstream(true)),
-        Flavor::Sidecar => sidecar_transport(&mut cluster, inputs, svc, port, policy.tls_mode),
+        Flavor::Sidecar { send_hbone } => sidecar_transport(
+            &mut cluster,
+            inputs,
+            (svc, port),
+            policy.tls_mode,
+            send_hbone,
+        ),
     }
     let common = destination_rule::apply(&mut cluster, &policy, report);
     let options = match (protocol.upstream_h2(), protocol == Protocol::Tcp, common) {
@@ -225,17 +231,19 @@ fn port_cluster(
     cluster
 }
 
-/// How a sidecar reaches a service port's endpoints, as Istio's auto mutual TLS decides: with
-/// a DestinationRule's `ISTIO_MUTUAL` always Istio mutual TLS, with `DISABLE` always plain;
-/// otherwise per endpoint, Istio mutual TLS to those whose metadata says `tlsMode: istio` (pods
-/// with a sidecar) and plain to the rest. The peer must present one of the service's
-/// workloads' SPIFFE identities; the SNI is `outbound_.<port>_.<subset>_.<host>`.
+/// How a sidecar reaches a service port's endpoints, by transport socket match on each
+/// endpoint's metadata: with `send_hbone`, `tunnel: http` endpoints (that take HBONE and have
+/// no sidecar) through `connect_originate`; then as Istio's auto mutual TLS decides: with a
+/// DestinationRule's `ISTIO_MUTUAL` always Istio mutual TLS, with `DISABLE` always plain;
+/// otherwise Istio mutual TLS to `tlsMode: istio` endpoints (pods with a sidecar) and plain to
+/// the rest. The peer must present one of the service's workloads' SPIFFE identities; the SNI
+/// is `outbound_.<port>_.<subset>_.<host>`.
 fn sidecar_transport(
     cluster: &mut Cluster,
     inputs: &WaypointInputs,
-    svc: &BoundService,
-    port: &ServicePort,
+    (svc, port): (&BoundService, &ServicePort),
     tls_mode: Option<&str>,
+    send_hbone: bool,
 ) {
     let mut sans: Vec<&str> = svc.endpoints.iter().map(|e| e.principal.as_str()).collect();
     sans.sort_unstable();
@@ -243,27 +251,31 @@ fn sidecar_transport(
     let subset = cluster.name.split('|').nth(2).unwrap_or_default();
     let sni = format!("outbound_.{}_.{subset}_.{}", port.port, svc.hostname);
     let mtls = tls::istio_mutual_client(&inputs.trust_domain, &sni, &sans);
+    let matching = |name: &str, key_value: Option<(&str, &str)>, socket| TransportSocketMatch {
+        name: name.to_string(),
+        r#match: Some(key_value.map_or_else(Struct::default, |kv| string_struct(&[kv]))),
+        transport_socket: Some(socket),
+    };
+    let mut matches = Vec::new();
+    if send_hbone {
+        matches.push(matching(
+            names::HBONE_MATCH,
+            Some((names::TUNNEL_KEY, names::TUNNEL_HTTP)),
+            internal_upstream(true),
+        ));
+    }
     match tls_mode {
-        Some("ISTIO_MUTUAL") => cluster.transport_socket = Some(mtls),
-        Some("DISABLE") => cluster.transport_socket = Some(raw_buffer()),
+        Some("ISTIO_MUTUAL") => matches.push(matching(names::TLS_MODE_ISTIO_MATCH, None, mtls)),
+        Some("DISABLE") => {
+            matches.push(matching(names::TLS_MODE_DISABLED_MATCH, None, raw_buffer()))
+        }
         _ => {
-            cluster.transport_socket_matches = vec![
-                TransportSocketMatch {
-                    name: names::TLS_MODE_ISTIO_MATCH.to_string(),
-                    r#match: Some(string_struct(&[(
-                        names::TLS_MODE_KEY,
-                        names::TLS_MODE_ISTIO,
-                    )])),
-                    transport_socket: Some(mtls),
-                },
-                TransportSocketMatch {
-                    name: names::TLS_MODE_DISABLED_MATCH.to_string(),
-                    r#match: Some(Struct::default()),
-                    transport_socket: Some(raw_buffer()),
-                },
-            ];
+            let istio = (names::TLS_MODE_KEY, names::TLS_MODE_ISTIO);
+            matches.push(matching(names::TLS_MODE_ISTIO_MATCH, Some(istio), mtls));
+            matches.push(matching(names::TLS_MODE_DISABLED_MATCH, None, raw_buffer()));
         }
     }
+    cluster.transport_socket_matches = matches;
 }
 
 /// The endpoints of one service port (those of a subset: whose labels match). A waypoint's are
@@ -297,7 +309,11 @@ fn load_assignment(
                     internal_address(names::CONNECT_ORIGINATE, &id),
                     original_dst_entry(&id),
                 ),
-                Flavor::Sidecar => {
+                Flavor::Sidecar { send_hbone } if send_hbone && e.hbone && !e.sidecar => (
+                    internal_address(names::CONNECT_ORIGINATE, &id),
+                    original_dst_entry(&id),
+                ),
+                Flavor::Sidecar { .. } => {
                     let mode = if e.sidecar {
                         names::TLS_MODE_ISTIO
                     } else {
@@ -312,8 +328,17 @@ fn load_assignment(
                     )
                 }
             };
+            let tunnelled = matches!(inputs.flavor, Flavor::Sidecar { .. })
+                && first.0 == names::ORIGINAL_DST_METADATA;
+            let mut entries = vec![first, istio];
+            if tunnelled {
+                entries.push((
+                    names::TRANSPORT_SOCKET_MATCH_METADATA.to_string(),
+                    string_struct(&[(names::TUNNEL_KEY, names::TUNNEL_HTTP)]),
+                ));
+            }
             let metadata = Metadata {
-                filter_metadata: stable_map([first, istio]),
+                filter_metadata: stable_map(entries),
                 ..Metadata::default()
             };
             Some(lb_endpoint(addr, Some(metadata)))

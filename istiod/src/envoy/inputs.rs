@@ -97,6 +97,8 @@ pub struct Endpoint {
     /// Whether the workload has a sidecar (its pod's `security.istio.io/tlsMode` label is
     /// `istio`): a sidecar calls it with Istio mutual TLS.
     pub sidecar: bool,
+    /// Whether it takes HBONE on 15008 (an ambient pod, or a sidecar that listens for it).
+    pub hbone: bool,
 }
 
 impl Endpoint {
@@ -161,8 +163,9 @@ pub enum Flavor {
     /// A waypoint: `inbound-vip|<port>|<http|tcp>[/<subset>]|<host>`, reached through HBONE.
     #[default]
     Waypoint,
-    /// A sidecar's outbound side: `outbound|<port>|<subset>|<host>`, reached directly.
-    Sidecar,
+    /// A sidecar's outbound side: `outbound|<port>|<subset>|<host>`, reached directly, or
+    /// with `send_hbone` through HBONE where the endpoint takes it and has no sidecar.
+    Sidecar { send_hbone: bool },
 }
 
 /// Everything one waypoint's configuration depends on (or, with [`Flavor::Sidecar`], the
@@ -190,7 +193,9 @@ impl WaypointInputs {
             (Flavor::Waypoint, Some(s)) => {
                 names::vip_subset_cluster(port.port, port.protocol.family(), s, hostname)
             }
-            (Flavor::Sidecar, s) => names::outbound_cluster(port.port, s.unwrap_or(""), hostname),
+            (Flavor::Sidecar { .. }, s) => {
+                names::outbound_cluster(port.port, s.unwrap_or(""), hostname)
+            }
         }
     }
 

@@ -113,7 +113,7 @@ fn state(key: &str, factory: Option<&str>, format: &str) -> FilterStateValue {
     }
 }
 
-fn connect_terminate(trust_domain: &str) -> Listener {
+pub(super) fn connect_terminate(trust_domain: &str) -> Listener {
     let hashable = Some("envoy.hashable_string");
     let set_state = SetFilterState {
         on_request_headers: vec![
@@ -402,7 +402,7 @@ fn http_chain_filter(
     network_filter("envoy.filters.network.http_connection_manager", pack(&hcm))
 }
 
-fn connect_originate() -> Listener {
+pub(super) fn connect_originate() -> Listener {
     let proxy = TcpProxy {
         stat_prefix: names::CONNECT_ORIGINATE.to_string(),
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(

@@ -26,6 +26,7 @@ pub(super) fn endpoint(addr: &str, version: &str) -> Endpoint {
         workload: format!("echo-{version};shop;echo;{version};Kubernetes"),
         principal: "spiffe://cluster.local/ns/shop/sa/echo".into(),
         sidecar: version == "v1",
+        hbone: version != "v2",
     }
 }
 

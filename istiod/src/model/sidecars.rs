@@ -90,7 +90,9 @@ impl SidecarIndex {
                     namespace: ns.to_string(),
                     name: String::new(),
                 },
-                flavor: Flavor::Sidecar,
+                flavor: Flavor::Sidecar {
+                    send_hbone: cfg.sending_hbone,
+                },
                 trust_domain: cfg.trust_domain.clone(),
                 domain_suffix: cfg.domain_suffix.clone(),
                 access_log_file: cfg.access_log_file.clone(),
@@ -152,6 +154,7 @@ fn inbound_inputs(
         mode,
         port_modes,
         port_modes_from,
+        hbone: cfg.sidecar_listening_hbone && super::workload::native_tunnel(&labels),
         policies: selecting(
             cfg,
             state,

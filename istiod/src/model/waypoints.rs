@@ -653,6 +653,7 @@ fn endpoint(state: &State, addresses: &ResourceMap, uid: &str, svc_key: &str) ->
         target_ports,
         healthy: w.status == mesh_proto::workload::WorkloadStatus::Healthy as i32,
         sidecar,
+        hbone: w.tunnel_protocol == mesh_proto::workload::TunnelProtocol::Hbone as i32,
         labels,
         workload,
         principal,

@@ -84,13 +84,15 @@ pub fn pod_to_workload(
     let (workload_name, workload_type) = workload_name_and_type(pod, name);
     let (canonical_name, canonical_revision) = canonical_service(labels, &workload_name);
     let ambient = ambient_enrolled(labels, annotations, inp.ns_labels(), host_network);
+    let native = native_tunnel(labels);
     Ok(Some(Workload {
         uid: pod_uid(&inp.cfg.cluster_id, ns, name),
         name: name.to_string(),
         namespace: ns.to_string(),
         addresses,
         network: network_of(labels, inp.ns_labels(), inp.cfg),
-        tunnel_protocol: tunnel(ambient) as i32,
+        tunnel_protocol: tunnel(ambient || native) as i32,
+        native_tunnel: native,
         trust_domain: inp.cfg.trust_domain.clone(),
         service_account: mesh_api::pod_service_account(pod),
         waypoint: waypoint_from_labels(labels, ns, inp.ns_labels(), &inp.cfg.domain_suffix),
@@ -392,6 +394,17 @@ pub(crate) fn ambient_enrolled(
                 == Some(label::DATAPLANE_MODE_AMBIENT)
         }
     }
+}
+
+/// The label with which a pod says its own proxy takes HBONE (a comma-separated list of
+/// tunnel protocols; the injector sets `http` for sidecars with `ISTIO_META_ENABLE_HBONE`).
+pub const TUNNEL_LABEL: &str = "networking.istio.io/tunnel";
+
+/// Whether the pod's own proxy (a sidecar) accepts HBONE: its tunnel label lists `http`.
+pub(crate) fn native_tunnel(labels: &std::collections::BTreeMap<String, String>) -> bool {
+    labels
+        .get(TUNNEL_LABEL)
+        .is_some_and(|v| v.split(',').any(|p| p.trim() == "http"))
 }
 
 fn tunnel(ambient: bool) -> TunnelProtocol {

@@ -7,11 +7,17 @@ use mesh_proto::envoy::pb::envoy::config::cluster::v3::{
     cluster::{ClusterDiscoveryType, DiscoveryType, LbPolicy},
     Cluster,
 };
+use mesh_proto::envoy::pb::envoy::config::core::v3::{
+    header_value_option::HeaderAppendAction, HeaderValue, HeaderValueOption,
+};
 use mesh_proto::envoy::pb::envoy::config::listener::v3::{
-    listener_filter, Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter,
+    listener::InternalListenerConfig, listener::ListenerSpecifier, listener_filter, Filter,
+    FilterChain, FilterChainMatch, Listener, ListenerFilter,
 };
 use mesh_proto::envoy::pb::envoy::config::rbac::v3::{principal, Principal, Rbac};
 use mesh_proto::envoy::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
+use mesh_proto::envoy::pb::envoy::extensions::filters::http::jwt_authn::v3::JwtAuthentication;
+use mesh_proto::envoy::pb::envoy::extensions::filters::http::rbac::v3::Rbac as RbacFilter;
 use mesh_proto::envoy::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::{
@@ -19,6 +25,7 @@ use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_
     },
     HttpConnectionManager, HttpFilter,
 };
+use mesh_proto::envoy::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
 use mesh_proto::envoy::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy;
 use mesh_proto::envoy::pb::envoy::r#type::matcher::v3::filter_state_matcher;
 use mesh_proto::type_url;
@@ -27,7 +34,8 @@ use serde::Serialize;
 use super::super::any::{bool_value, duration, pack, u32_value};
 use super::super::inputs::{Protocol, WaypointPolicy, WaypointRequestAuthn};
 use super::super::listeners::{
-    http_filter, network_filter, original_dst_filter, router, socket_address, tcp_chain_filter,
+    connect_terminate, http_filter, network_filter, original_dst_filter, router, socket_address,
+    tcp_chain_filter,
 };
 use super::super::routes::{default_route, RouteError};
 use super::super::{clusters, jwt, names, rbac, tls};
@@ -36,6 +44,7 @@ use super::{Builder, SidecarError, SidecarKey};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const INBOUND_PORT: u16 = mesh_capture::INBOUND_CAPTURE_PORT;
 const HTTP_ALPN: &[&str] = &["h2", "http/1.1"];
+const XFCC: &str = "x-forwarded-client-cert";
 
 /// How a port accepts peers, as PeerAuthentication says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -68,6 +77,8 @@ pub struct SidecarInputs {
     pub port_modes: BTreeMap<u16, PeerMode>,
     /// The PeerAuthentication whose `portLevelMtls` gave `port_modes` (`namespace/name`).
     pub port_modes_from: Option<String>,
+    /// Whether its sidecar accepts HBONE on 15008 (`connect_terminate`, `main_internal`).
+    pub hbone: bool,
     /// AuthorizationPolicies and RequestAuthentications that select the workload.
     #[serde(skip)]
     pub policies: Vec<WaypointPolicy>,
@@ -81,7 +92,16 @@ impl SidecarInputs {
     }
 }
 
-/// The filters a chain ends with, and whether it terminates Istio mutual TLS.
+/// How a chain's peer is known: Istio mutual TLS on the connection, the HBONE tunnel it came
+/// through (recorded in filter state by `connect_terminate`), or not at all.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Peer {
+    Tls,
+    Hbone,
+    Plain,
+}
+
+/// The filters the chains of one listener end with, and the chains built so far.
 struct Chains<'a> {
     inputs: &'a SidecarInputs,
     http_filters: Vec<HttpFilter>,
@@ -89,16 +109,48 @@ struct Chains<'a> {
     chains: Vec<FilterChain>,
 }
 
+impl<'a> Chains<'a> {
+    /// With `http_rbac` and `tcp_rbac` in the form the listener's peer needs.
+    fn new(
+        inputs: &'a SidecarInputs,
+        jwt: Option<&JwtAuthentication>,
+        http_rbac: &[(String, RbacFilter)],
+        tcp_rbac: &[(String, NetworkRbac)],
+    ) -> Chains<'a> {
+        let mut http_filters: Vec<HttpFilter> = (jwt.iter())
+            .map(|config| http_filter(jwt::JWT_FILTER, pack(*config)))
+            .chain(
+                http_rbac
+                    .iter()
+                    .map(|(name, config)| http_filter(name, pack(config))),
+            )
+            .collect();
+        http_filters.push(router());
+        Chains {
+            inputs,
+            http_filters,
+            tcp_rbac: (tcp_rbac.iter())
+                .map(|(name, config)| network_filter(name, pack(config)))
+                .collect(),
+            chains: Vec::new(),
+        }
+    }
+}
+
 pub(super) fn generate(inputs: &SidecarInputs, out: &mut Builder, errors: &mut Vec<RouteError>) {
     let mut policy_errors = Vec::new();
     let mut authn_errors = Vec::new();
     let jwt = jwt::filter(&inputs.request_authns, &mut authn_errors);
-    let mut http_rbac = rbac::http_filters(&inputs.policies, &mut policy_errors);
-    let mut tcp_rbac = if inputs.ports.iter().any(|p| p.protocol == Protocol::Tcp) {
+    // Principals as a waypoint checks them (the HBONE peer, in filter state), and as the
+    // mutual-TLS chains check them (the connection's certificate).
+    let hbone_http_rbac = rbac::http_filters(&inputs.policies, &mut policy_errors);
+    let hbone_tcp_rbac = if inputs.ports.iter().any(|p| p.protocol == Protocol::Tcp) {
         rbac::tcp_filters(&inputs.policies, &mut policy_errors)
     } else {
         Vec::new()
     };
+    let mut http_rbac = hbone_http_rbac.clone();
+    let mut tcp_rbac = hbone_tcp_rbac.clone();
     for (_, f) in &mut http_rbac {
         f.rules.iter_mut().for_each(peer_from_connection);
     }
@@ -124,23 +176,7 @@ pub(super) fn generate(inputs: &SidecarInputs, out: &mut Builder, errors: &mut V
             }
         }
     }
-    let mut http_filters: Vec<HttpFilter> = (jwt.iter())
-        .map(|config| http_filter(jwt::JWT_FILTER, pack(config)))
-        .chain(
-            http_rbac
-                .iter()
-                .map(|(name, config)| http_filter(name, pack(config))),
-        )
-        .collect();
-    http_filters.push(router());
-    let mut chains = Chains {
-        inputs,
-        http_filters,
-        tcp_rbac: (tcp_rbac.iter())
-            .map(|(name, config)| network_filter(name, pack(config)))
-            .collect(),
-        chains: Vec::new(),
-    };
+    let mut chains = Chains::new(inputs, jwt.as_ref(), &http_rbac, &tcp_rbac);
     chains.loop_guard();
     for port in &inputs.ports {
         chains.port(port);
@@ -158,6 +194,53 @@ pub(super) fn generate(inputs: &SidecarInputs, out: &mut Builder, errors: &mut V
         ..Listener::default()
     };
     out.put(type_url::LISTENER, names::VIRTUAL_INBOUND, &listener);
+    if inputs.hbone {
+        let mut hbone = Chains::new(inputs, jwt.as_ref(), &hbone_http_rbac, &hbone_tcp_rbac);
+        hbone_inbound(&mut hbone, out);
+    }
+}
+
+/// HBONE in, as a waypoint takes it: `connect_terminate` on 15008 terminates the tunnel (the
+/// peer's identity into filter state) and hands each stream to the internal listener
+/// `main_internal`, whose chains are the workload's ports (the peer already authenticated, so
+/// whatever the PeerAuthentication mode) and the passthrough.
+fn hbone_inbound(chains: &mut Chains<'_>, out: &mut Builder) {
+    let terminate = connect_terminate(&chains.inputs.trust_domain);
+    out.put(type_url::LISTENER, names::CONNECT_TERMINATE, &terminate);
+    let cluster = clusters::internal_static(names::MAIN_INTERNAL, names::MAIN_INTERNAL);
+    out.put(type_url::CLUSTER, names::MAIN_INTERNAL, &cluster);
+    for port in &chains.inputs.ports {
+        let cluster = names::inbound_cluster(port.port);
+        let filters = chains.filters(port, &cluster, Peer::Hbone);
+        chains.chains.push(FilterChain {
+            name: format!("0.0.0.0_{}", port.port),
+            filter_chain_match: Some(port_match(Some(port.port))),
+            filters,
+            ..FilterChain::default()
+        });
+    }
+    let mut passthrough = chains.tcp_rbac.clone();
+    passthrough.push(tcp_chain_filter(
+        names::INBOUND_PASSTHROUGH_CLUSTER,
+        tcp_proxy::ClusterSpecifier::Cluster(names::INBOUND_PASSTHROUGH_CLUSTER.to_string()),
+    ));
+    chains.chains.push(FilterChain {
+        name: names::INBOUND_PASSTHROUGH_CLUSTER.to_string(),
+        filters: passthrough,
+        ..FilterChain::default()
+    });
+    let listener = Listener {
+        name: names::MAIN_INTERNAL.to_string(),
+        listener_specifier: Some(ListenerSpecifier::InternalListener(
+            InternalListenerConfig {},
+        )),
+        listener_filters: vec![original_dst_filter()],
+        filter_chains: std::mem::take(&mut chains.chains),
+        traffic_direction: mesh_proto::envoy::pb::envoy::config::core::v3::TrafficDirection::Inbound
+            as i32,
+        ..Listener::default()
+    };
+    out.put(type_url::LISTENER, names::MAIN_INTERNAL, &listener);
 }
 
 impl Chains<'_> {
@@ -171,24 +254,32 @@ impl Chains<'_> {
         });
     }
 
+    /// The filters of a declared port's chain towards `inbound|<port>||`.
+    fn filters(&self, port: &InboundPort, cluster: &str, peer: Peer) -> Vec<Filter> {
+        if port.protocol != Protocol::Tcp {
+            return vec![self.hcm(port.port, cluster, peer)];
+        }
+        let mut f = self.tcp_rbac.clone();
+        f.push(tcp_chain_filter(
+            cluster,
+            tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string()),
+        ));
+        f
+    }
+
     /// A declared port: its protocol's filters towards `inbound|<port>||`.
     fn port(&mut self, port: &InboundPort) {
         let cluster = names::inbound_cluster(port.port);
         let name = format!("0.0.0.0_{}", port.port);
-        let http = port.protocol != Protocol::Tcp;
         let filters = |mtls: bool, this: &Chains<'_>| {
-            if http {
-                vec![this.hcm(port.port, &cluster, mtls)]
-            } else {
-                let mut f = this.tcp_rbac.clone();
-                f.push(tcp_chain_filter(
-                    &cluster,
-                    tcp_proxy::ClusterSpecifier::Cluster(cluster.clone()),
-                ));
-                f
-            }
+            let peer = if mtls { Peer::Tls } else { Peer::Plain };
+            this.filters(port, &cluster, peer)
         };
-        let alpn: &[&str] = if http { HTTP_ALPN } else { &[] };
+        let alpn: &[&str] = if port.protocol != Protocol::Tcp {
+            HTTP_ALPN
+        } else {
+            &[]
+        };
         self.by_mode(
             self.inputs.mode_of(port.port),
             Some(port.port),
@@ -270,7 +361,22 @@ impl Chains<'_> {
 
     /// The HTTP connection manager of a declared HTTP port: JWT, RBAC, the router to the
     /// port's cluster; the client's identity travels in `x-forwarded-client-cert`.
-    fn hcm(&self, port: u16, cluster: &str, mtls: bool) -> Filter {
+    fn hcm(&self, port: u16, cluster: &str, peer: Peer) -> Filter {
+        let mtls = peer == Peer::Tls;
+        // Through HBONE the identities are in filter state, not on this (internal) connection.
+        let hbone_xfcc = (peer == Peer::Hbone).then(|| HeaderValueOption {
+            header: Some(HeaderValue {
+                key: XFCC.to_string(),
+                value: format!(
+                    "By=%FILTER_STATE({}:PLAIN)%;URI=%FILTER_STATE({}:PLAIN)%",
+                    names::FS_LOCAL_PRINCIPAL,
+                    names::FS_PEER_PRINCIPAL
+                ),
+                ..HeaderValue::default()
+            }),
+            append_action: HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
+            ..HeaderValueOption::default()
+        });
         let hcm = HttpConnectionManager {
             stat_prefix: format!("inbound_0.0.0.0_{port}"),
             codec_type: CodecType::Auto as i32,
@@ -283,6 +389,7 @@ impl Chains<'_> {
                     routes: vec![default_route(cluster)],
                     ..VirtualHost::default()
                 }],
+                request_headers_to_add: hbone_xfcc.into_iter().collect(),
                 ..RouteConfiguration::default()
             })),
             http_filters: self.http_filters.clone(),

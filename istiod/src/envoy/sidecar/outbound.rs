@@ -19,9 +19,9 @@ use mesh_proto::envoy::pb::envoy::extensions::filters::network::tcp_proxy::v3::t
 use mesh_proto::type_url;
 
 use super::super::any::{ads_source, bool_value, duration, pack, u32_value};
-use super::super::inputs::{BoundService, Protocol, WaypointInputs};
+use super::super::inputs::{BoundService, Flavor, Protocol, WaypointInputs};
 use super::super::listeners::{
-    http_filter, network_filter, router, socket_address, tcp_chain_filter,
+    connect_originate, http_filter, network_filter, router, socket_address, tcp_chain_filter,
 };
 use super::super::routes::{default_route, RouteError, ServiceRoutes};
 use super::super::{clusters, destination_rule, names};
@@ -52,6 +52,16 @@ pub(super) fn generate(inputs: &WaypointInputs, out: &mut Builder, errors: &mut 
         names::VIRTUAL_OUTBOUND,
         &virtual_outbound(),
     );
+    if matches!(inputs.flavor, Flavor::Sidecar { send_hbone: true }) {
+        // HBONE to endpoints that take it: the same plumbing as a waypoint's.
+        out.put(
+            type_url::LISTENER,
+            names::CONNECT_ORIGINATE,
+            &connect_originate(),
+        );
+        let cluster = clusters::connect_originate(&inputs.trust_domain);
+        out.put(type_url::CLUSTER, names::CONNECT_ORIGINATE, &cluster);
+    }
     // HTTP ports: one listener and one route configuration per port number.
     let mut http_ports: BTreeMap<u16, Vec<VirtualHost>> = BTreeMap::new();
     let mut domains_seen: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();

@@ -41,7 +41,7 @@ spec:
 /// The waypoint test services as the sidecars of `shop` see them.
 fn outbound_inputs() -> WaypointInputs {
     let mut inp = inputs();
-    inp.flavor = Flavor::Sidecar;
+    inp.flavor = Flavor::Sidecar { send_hbone: true };
     inp.key = WaypointKey {
         namespace: "shop".into(),
         name: String::new(),
@@ -78,6 +78,7 @@ fn sidecar_inputs(mode: PeerMode, port_modes: &[(u16, PeerMode)]) -> SidecarInpu
         mode,
         port_modes: port_modes.iter().copied().collect::<BTreeMap<_, _>>(),
         port_modes_from: (!port_modes.is_empty()).then(|| "shop/echo".to_string()),
+        hbone: true,
         policies: vec![policy(ALLOW_FRONTEND)],
         request_authns: Vec::new(),
     }
@@ -131,6 +132,9 @@ fn outbound_side_has_istios_names() {
             "10.96.0.11_9000",
             "10.96.0.12_9000",
             "10.96.0.20_9000",
+            "connect_originate",
+            "connect_terminate",
+            "main_internal",
             "virtualInbound",
             "virtualOutbound",
         ]
@@ -222,10 +226,10 @@ fn endpoints_with_a_sidecar_get_istio_mutual_tls() {
         .iter()
         .map(|m| m.name.as_str())
         .collect();
-    assert_eq!(names, ["tlsMode-istio", "tlsMode-disabled"]);
+    assert_eq!(names, ["hbone", "tlsMode-istio", "tlsMode-disabled"]);
     use mesh_proto::envoy::pb::envoy::config::core::v3::transport_socket::ConfigType as TsConfig;
     use mesh_proto::envoy::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
-    let Some(TsConfig::TypedConfig(any)) = echo.transport_socket_matches[0]
+    let Some(TsConfig::TypedConfig(any)) = echo.transport_socket_matches[1]
         .transport_socket
         .as_ref()
         .and_then(|t| t.config_type.clone())
@@ -251,7 +255,8 @@ fn endpoints_with_a_sidecar_get_istio_mutual_tls() {
         .iter()
         .map(|e| format!("{e:?}"))
         .collect();
-    // v1 has a sidecar, v2 does not; both are reached at their pod address.
+    // v1 has a sidecar (which also takes HBONE: mutual TLS wins), v2 has neither; both are
+    // reached at their pod address.
     assert!(
         eps[0].contains("10.1.0.5") && eps[0].contains("\"istio\""),
         "{}",
@@ -261,6 +266,18 @@ fn endpoints_with_a_sidecar_get_istio_mutual_tls() {
         eps[1].contains("10.1.0.6") && eps[1].contains("\"disabled\""),
         "{}",
         eps[1]
+    );
+    // db's pod is in ambient: HBONE through connect_originate, to its address.
+    let db = eds
+        .iter()
+        .find(|c| c.cluster_name == "outbound|9000||db.shop.svc.cluster.local")
+        .expect("db eds");
+    let ep = format!("{:?}", db.endpoints[0].lb_endpoints[0]);
+    assert!(
+        ep.contains("connect_originate")
+            && ep.contains("10.1.0.9:9000")
+            && ep.contains("\"tunnel\""),
+        "{ep}"
     );
 }
 

@@ -479,3 +479,28 @@ fn workload_entry_conversion() {
     assert_eq!(w.canonical_name, "legacy");
     assert_eq!(w.tunnel_protocol, TunnelProtocol::Hbone as i32);
 }
+
+#[test]
+fn a_sidecar_that_takes_hbone_is_tunnelled_to() {
+    // The injector's label for sidecars with ISTIO_META_ENABLE_HBONE: a list of protocols.
+    for (value, hbone) in [
+        ("http", true),
+        ("tcp, http", true),
+        ("tcp", false),
+        ("", false),
+    ] {
+        let pod = with(
+            base(),
+            "/metadata/labels",
+            json!({"networking.istio.io/tunnel": value}),
+        );
+        let w = convert(pod, json!({}), &[]);
+        let want = if hbone {
+            TunnelProtocol::Hbone
+        } else {
+            TunnelProtocol::None
+        };
+        assert_eq!(w.tunnel_protocol, want as i32, "{value:?}");
+        assert_eq!(w.native_tunnel, hbone, "{value:?}");
+    }
+}
