@@ -15,6 +15,8 @@ pub mod label {
     pub const SIDECAR_STATUS: &str = "sidecar.istio.io/status";
     pub const REV: &str = "istio.io/rev";
     pub const AMBIENT_REDIRECTION: &str = "ambient.istio.io/redirection";
+    /// The tunnel protocols a pod's own proxy accepts (`http`: HBONE), set by the injector.
+    pub const TUNNEL: &str = "networking.istio.io/tunnel";
     pub const CANONICAL_NAME: &str = "service.istio.io/canonical-name";
     pub const CANONICAL_REVISION: &str = "service.istio.io/canonical-revision";
     pub const APP_K8S_NAME: &str = "app.kubernetes.io/name";

@@ -358,6 +358,12 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
     labels
         .entry("security.istio.io/tlsMode")
         .or_insert_with(|| "istio".into());
+    // A proxy that takes HBONE says so to ztunnels (and istiod) with the tunnel label.
+    let hbone =
+        cfg.proxy_config["proxyMetadata"]["ISTIO_META_ENABLE_HBONE"].as_str() == Some("true");
+    if hbone {
+        labels.entry(label::TUNNEL).or_insert_with(|| "http".into());
+    }
     let canonical_name = [label::APP_K8S_NAME, label::APP]
         .iter()
         .find_map(|k| labels_now[*k].as_str())

@@ -398,7 +398,7 @@ pub(crate) fn ambient_enrolled(
 
 /// The label with which a pod says its own proxy takes HBONE (a comma-separated list of
 /// tunnel protocols; the injector sets `http` for sidecars with `ISTIO_META_ENABLE_HBONE`).
-pub const TUNNEL_LABEL: &str = "networking.istio.io/tunnel";
+pub const TUNNEL_LABEL: &str = mesh_api::label::TUNNEL;
 
 /// Whether the pod's own proxy (a sidecar) accepts HBONE: its tunnel label lists `http`.
 pub(crate) fn native_tunnel(labels: &std::collections::BTreeMap<String, String>) -> bool {

@@ -375,3 +375,28 @@ fn never_and_always_selectors_decide_pods_that_say_nothing() {
         Decision::Inject
     );
 }
+
+#[test]
+fn a_proxy_that_takes_hbone_gets_the_tunnel_label() {
+    let hbone = InjectConfig::from_values(&json!({
+        "meshConfig": {"defaultConfig": {"proxyMetadata": {"ISTIO_META_ENABLE_HBONE": "true"}}}
+    }));
+    let w = Workload::new("shop", "Pod", "v1", "x");
+    let out = inject(&pod(), &w, &hbone).expect("injected");
+    assert_eq!(
+        out["metadata"]["labels"]["networking.istio.io/tunnel"],
+        "http"
+    );
+    // A value the pod set itself stays; without the metadata there is no label.
+    let mut own = pod();
+    own["metadata"]["labels"]["networking.istio.io/tunnel"] = json!("tcp");
+    let out = inject(&own, &w, &hbone).expect("injected");
+    assert_eq!(
+        out["metadata"]["labels"]["networking.istio.io/tunnel"],
+        "tcp"
+    );
+    let out = inject(&pod(), &w, &InjectConfig::default()).expect("injected");
+    assert!(out["metadata"]["labels"]
+        .get("networking.istio.io/tunnel")
+        .is_none());
+}
