@@ -268,6 +268,45 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
         m.logs()
     );
 
+    // Request metrics from both sidecars, each reporting its own side.
+    let counted = |proxy: &Waypoint, want: &[&str]| {
+        proxy
+            .metrics()
+            .lines()
+            .any(|l| l.starts_with("istio_requests_total{") && want.iter().all(|w| l.contains(w)))
+    };
+    let source = [
+        "reporter=\"source\"",
+        "source_workload=\"client\"",
+        "destination_workload=\"server\"",
+        "destination_service=\"server.legacy.svc.cluster.local\"",
+        "response_code=\"200\"",
+    ];
+    assert!(
+        eventually(|| counted(&m.client_proxy, &source)),
+        "client sidecar: reporter=source\n{}",
+        m.client_proxy.metrics()
+    );
+    let destination = [
+        "reporter=\"destination\"",
+        "source_principal=\"spiffe://cluster.local/ns/legacy/sa/client\"",
+        "destination_workload=\"server\"",
+        "connection_security_policy=\"mutual_tls\"",
+    ];
+    assert!(
+        eventually(|| counted(&m.server_proxy, &destination)),
+        "server sidecar: reporter=destination\n{}",
+        m.server_proxy.metrics()
+    );
+    let from_ambient = [
+        "reporter=\"destination\"",
+        "source_principal=\"spiffe://cluster.local/ns/demo/sa/amb-client\"",
+    ];
+    assert!(
+        eventually(|| counted(&m.server_proxy, &from_ambient)),
+        "server sidecar counts the ambient client's requests"
+    );
+
     // The status port merges the agent's, Envoy's and the app's own metrics.
     let merged = m.server_proxy.metrics();
     assert!(merged.contains(APP_METRIC), "app metrics merged:\n{merged}");

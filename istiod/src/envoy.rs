@@ -102,6 +102,9 @@ pub mod names {
     pub const TAG_DESTINATION_SERVICE: &str = "destination_service";
     pub const TAG_DESTINATION_WORKLOAD: &str = "destination_workload";
     pub const TAG_DESTINATION_PRINCIPAL: &str = "destination_principal";
+    /// Which side a sidecar chain reports (`source`, `destination`) and its security policy.
+    pub const TAG_REPORTER: &str = "reporter";
+    pub const TAG_SECURITY_POLICY: &str = "connection_security_policy";
 
     /// `inbound-vip|<port>|<http|tcp>|<hostname>`.
     pub fn vip_cluster(port: u16, protocol: &str, hostname: &str) -> String {

@@ -101,7 +101,8 @@ pub async fn run(cfg: Config) -> Result<(), AppError> {
 
     let metrics = Metrics::new();
     let telemetry_listener = unix_listener(&cfg.path(config::TELEMETRY_SOCKET))?;
-    let als = telemetry::AccessLogServer::new(telemetry::RequestMetrics::new(&metrics));
+    let local = telemetry::LocalWorkload::of(&cfg, &labels);
+    let als = telemetry::AccessLogServer::new(telemetry::RequestMetrics::new(&metrics, local));
     tokio::spawn(serve_unix(
         telemetry_listener,
         als.into_service(),

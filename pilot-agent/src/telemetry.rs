@@ -1,13 +1,16 @@
 //! Istio's request metrics without Istio's Envoy filters: Envoy streams one access log entry
 //! per HTTP request to this service (gRPC ALS over a unix socket), and the agent counts them
 //! as `istio_requests_total`, `istio_request_duration_milliseconds`, `istio_request_bytes` and
-//! `istio_response_bytes` with `reporter="waypoint"` and Istio's labels, served on 15020.
+//! `istio_response_bytes` with Istio's labels, served on 15020. The `reporter` tag of the chain
+//! says which side the proxy is: `waypoint` (no tag), `source` (a sidecar's outbound) or
+//! `destination` (a sidecar's inbound); a sidecar fills in its own side from its own workload.
 //!
-//! Where the labels come from: the source principal is the identity the source's ztunnel
-//! presented (filter state set by the HBONE listener); the destination service is a literal tag
-//! of the chain; the destination workload and principal are the upstream endpoint's metadata.
-//! Source workload names are not known to a waypoint without Istio's peer metadata exchange,
-//! and are reported as `unknown`, as Istio does for peers without metadata.
+//! Where the other labels come from: the source principal is the identity HBONE carried (filter
+//! state set by the HBONE listener) or the client certificate of the connection; the
+//! destination service is a literal tag of the chain, or the upstream cluster's host; the
+//! destination workload and principal are the upstream endpoint's metadata. A peer's workload
+//! names are not known without Istio's peer metadata exchange, and are reported as `unknown`,
+//! as Istio does for peers without metadata.
 
 use std::sync::Arc;
 
@@ -33,6 +36,58 @@ pub const PEER_PRINCIPAL_STATE: &str = "io.istio.peer_principal";
 pub const TAG_DESTINATION_SERVICE: &str = "destination_service";
 pub const TAG_DESTINATION_WORKLOAD: &str = "destination_workload";
 pub const TAG_DESTINATION_PRINCIPAL: &str = "destination_principal";
+pub const TAG_REPORTER: &str = "reporter";
+pub const TAG_SECURITY_POLICY: &str = "connection_security_policy";
+
+/// The proxy's own workload: the side of a request a sidecar reports for itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalWorkload {
+    pub workload: String,
+    pub namespace: String,
+    pub principal: String,
+    pub canonical_service: String,
+    pub canonical_revision: String,
+    pub app: String,
+    pub version: String,
+    pub cluster: String,
+}
+
+impl LocalWorkload {
+    /// From the agent's configuration and its pod's labels, as Istio's stats name a workload.
+    pub fn of(
+        cfg: &crate::config::Config,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> LocalWorkload {
+        let label = |keys: &[&str]| keys.iter().find_map(|k| labels.get(*k).cloned());
+        let workload = (cfg.metadata.get("WORKLOAD_NAME"))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+            .unwrap_or_else(|| cfg.pod_name.clone());
+        LocalWorkload {
+            canonical_service: label(&[
+                "service.istio.io/canonical-name",
+                "app.kubernetes.io/name",
+                "app",
+            ])
+            .unwrap_or_else(|| workload.clone()),
+            canonical_revision: label(&[
+                "service.istio.io/canonical-revision",
+                "app.kubernetes.io/version",
+                "version",
+            ])
+            .unwrap_or_else(|| "latest".into()),
+            app: label(&["app"]).unwrap_or_default(),
+            version: label(&["version"]).unwrap_or_default(),
+            namespace: cfg.pod_namespace.clone(),
+            principal: format!(
+                "spiffe://{}/ns/{}/sa/{}",
+                cfg.trust_domain, cfg.pod_namespace, cfg.service_account
+            ),
+            cluster: cfg.cluster_id.clone(),
+            workload,
+        }
+    }
+}
 
 /// Istio's default buckets: milliseconds for durations, bytes for sizes.
 const DURATION_BUCKETS: [f64; 19] = [
@@ -78,6 +133,7 @@ type HistogramFamily = Family<RequestLabels, Histogram, fn() -> Histogram>;
 /// The request metric families.
 #[derive(Clone)]
 pub struct RequestMetrics {
+    local: Arc<LocalWorkload>,
     requests: Family<RequestLabels, Counter>,
     duration: HistogramFamily,
     request_bytes: HistogramFamily,
@@ -93,9 +149,10 @@ fn bytes_histogram() -> Histogram {
 }
 
 impl RequestMetrics {
-    /// Registers the families in `metrics`.
-    pub fn new(metrics: &Metrics) -> RequestMetrics {
+    /// Registers the families in `metrics`; `local` is the proxy's own workload.
+    pub fn new(metrics: &Metrics, local: LocalWorkload) -> RequestMetrics {
         let m = RequestMetrics {
+            local: Arc::new(local),
             requests: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
             request_bytes: Family::new_with_constructor(bytes_histogram),
@@ -128,7 +185,7 @@ impl RequestMetrics {
 
     /// Counts one request.
     pub fn record(&self, entry: &HttpAccessLogEntry) {
-        let labels = labels(entry);
+        let labels = labels(entry, &self.local);
         let parts = Parts::of(entry);
         let ms = (parts.common.time_to_last_downstream_tx_byte.as_ref())
             .or(parts.common.duration.as_ref())
@@ -194,18 +251,33 @@ fn principal_namespace(principal: &str) -> Option<&str> {
     }
 }
 
-/// The labels of one request.
-pub fn labels(entry: &HttpAccessLogEntry) -> RequestLabels {
+/// The labels of one request, reported by the proxy of `local`.
+pub fn labels(entry: &HttpAccessLogEntry, local: &LocalWorkload) -> RequestLabels {
     let Parts {
         common,
         request,
         response,
     } = Parts::of(entry);
     let tag = |k: &str| common.custom_tags.get(k).cloned().unwrap_or_default();
-    let source_principal = (common.filter_state_objects.get(PEER_PRINCIPAL_STATE))
+    let tunnel_peer = (common.filter_state_objects.get(PEER_PRINCIPAL_STATE))
         .and_then(|any| <StringValue as prost::Message>::decode(any.value.as_slice()).ok())
         .map(|s| s.value)
-        .unwrap_or_default();
+        .filter(|p| !p.is_empty());
+    let tls_peer = || {
+        let cert = common
+            .tls_properties
+            .as_ref()?
+            .peer_certificate_properties
+            .as_ref()?;
+        cert.subject_alt_name.iter().find_map(|san| match &san.san {
+            Some(mesh_proto::envoy::pb::envoy::data::accesslog::v3::tls_properties::certificate_properties::subject_alt_name::San::Uri(u)) => Some(u.clone()),
+            _ => None,
+        })
+    };
+    let source_principal = tunnel_peer.or_else(tls_peer).unwrap_or_default();
+    let reporter = Some(tag(TAG_REPORTER))
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| "waypoint".into());
     let mut destination_service = tag(TAG_DESTINATION_SERVICE);
     if destination_service.is_empty() {
         destination_service = common
@@ -232,8 +304,11 @@ pub fn labels(entry: &HttpAccessLogEntry) -> RequestLabels {
         .or_else(|| response.response_headers.get("grpc-status"))
         .cloned()
         .unwrap_or_default();
-    RequestLabels {
-        reporter: "waypoint".into(),
+    let security = Some(tag(TAG_SECURITY_POLICY))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "mutual_tls".into());
+    let mut l = RequestLabels {
+        reporter: reporter.clone(),
         source_workload: UNKNOWN.into(),
         source_canonical_service: UNKNOWN.into(),
         source_canonical_revision: UNKNOWN.into(),
@@ -259,8 +334,32 @@ pub fn labels(entry: &HttpAccessLogEntry) -> RequestLabels {
         response_code: response.response_code.map_or(0, |c| c.value).to_string(),
         grpc_response_status: grpc_status,
         response_flags: response_flags(common.response_flags.as_ref()),
-        connection_security_policy: "mutual_tls".into(),
+        connection_security_policy: security,
+    };
+    match reporter.as_str() {
+        "source" => {
+            l.source_workload = or_unknown(&local.workload);
+            l.source_workload_namespace = or_unknown(&local.namespace);
+            l.source_principal = or_unknown(&local.principal);
+            l.source_canonical_service = or_unknown(&local.canonical_service);
+            l.source_canonical_revision = or_unknown(&local.canonical_revision);
+            l.source_app = or_unknown(&local.app);
+            l.source_version = or_unknown(&local.version);
+            l.source_cluster = or_unknown(&local.cluster);
+        }
+        "destination" => {
+            l.destination_workload = or_unknown(&local.workload);
+            l.destination_workload_namespace = or_unknown(&local.namespace);
+            l.destination_principal = or_unknown(&local.principal);
+            l.destination_canonical_service = or_unknown(&local.canonical_service);
+            l.destination_canonical_revision = or_unknown(&local.canonical_revision);
+            l.destination_app = or_unknown(&local.app);
+            l.destination_version = or_unknown(&local.version);
+            l.destination_cluster = or_unknown(&local.cluster);
+        }
+        _ => {}
     }
+    l
 }
 
 /// Envoy's short response flags (`-` for none), comma-separated as `%RESPONSE_FLAGS%`.

@@ -1,7 +1,8 @@
-//! What a waypoint's HTTP chains log: every request to pilot-agent's access log service
-//! (which turns them into Istio's request metrics, since plain Envoy has no `istio.stats`),
-//! with the source identity from filter state and the destination workload from the endpoint's
-//! metadata; and, when configured, one line per request in Istio's default text format.
+//! What a waypoint's and a sidecar's HTTP chains log: every request to pilot-agent's access log
+//! service (which turns them into Istio's request metrics, since plain Envoy has no
+//! `istio.stats`), with the source identity from filter state (or the client certificate) and
+//! the destination workload from the endpoint's metadata; and, when configured, one line per
+//! request in Istio's default text format.
 
 use std::time::Duration;
 
@@ -32,11 +33,35 @@ const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The access logs of a waypoint HTTP chain for `service` (its hostname).
 pub fn http_access_logs(access_log_file: &str, service: &str) -> Vec<AccessLog> {
+    access_logs(
+        access_log_file,
+        vec![literal(names::TAG_DESTINATION_SERVICE, service)],
+    )
+}
+
+/// The access logs of a sidecar's HTTP chain: `reporter` is `source` (outbound) or
+/// `destination` (inbound, where `service` is the service the port belongs to); `security` is
+/// Istio's `connection_security_policy` of the chain. The agent fills in its own side.
+pub fn sidecar_access_logs(
+    access_log_file: &str,
+    reporter: &str,
+    security: &str,
+    service: Option<&str>,
+) -> Vec<AccessLog> {
+    let mut tags = vec![
+        literal(names::TAG_REPORTER, reporter),
+        literal(names::TAG_SECURITY_POLICY, security),
+    ];
+    tags.extend(service.map(|s| literal(names::TAG_DESTINATION_SERVICE, s)));
+    access_logs(access_log_file, tags)
+}
+
+fn access_logs(access_log_file: &str, tags: Vec<CustomTag>) -> Vec<AccessLog> {
     let mut logs = vec![AccessLog {
         name: "envoy.access_loggers.http_grpc".into(),
         config_type: Some(access_log::ConfigType::TypedConfig(pack(
             &HttpGrpcAccessLogConfig {
-                common_config: Some(common_grpc(service)),
+                common_config: Some(common_grpc(tags)),
                 additional_request_headers_to_log: vec!["content-type".into()],
                 additional_response_headers_to_log: vec!["grpc-status".into()],
                 additional_response_trailers_to_log: vec!["grpc-status".into()],
@@ -50,7 +75,26 @@ pub fn http_access_logs(access_log_file: &str, service: &str) -> Vec<AccessLog> 
     logs
 }
 
-fn common_grpc(service: &str) -> CommonGrpcAccessLogConfig {
+fn literal(tag: &str, value: &str) -> CustomTag {
+    CustomTag {
+        tag: tag.into(),
+        r#type: Some(custom_tag::Type::Literal(custom_tag::Literal {
+            value: value.into(),
+        })),
+    }
+}
+
+/// To the agent's access log service, with `tags` and the upstream endpoint's workload and
+/// principal.
+fn common_grpc(mut tags: Vec<CustomTag>) -> CommonGrpcAccessLogConfig {
+    tags.push(host_metadata_tag(
+        names::TAG_DESTINATION_WORKLOAD,
+        names::WORKLOAD_METADATA_KEY,
+    ));
+    tags.push(host_metadata_tag(
+        names::TAG_DESTINATION_PRINCIPAL,
+        names::PRINCIPAL_METADATA_KEY,
+    ));
     CommonGrpcAccessLogConfig {
         log_name: names::TELEMETRY_LOG_NAME.into(),
         grpc_service: Some(GrpcService {
@@ -65,22 +109,7 @@ fn common_grpc(service: &str) -> CommonGrpcAccessLogConfig {
         transport_api_version: ApiVersion::V3 as i32,
         buffer_flush_interval: Some(duration(FLUSH_INTERVAL)),
         filter_state_objects_to_log: vec![names::FS_PEER_PRINCIPAL.into()],
-        custom_tags: vec![
-            CustomTag {
-                tag: names::TAG_DESTINATION_SERVICE.into(),
-                r#type: Some(custom_tag::Type::Literal(custom_tag::Literal {
-                    value: service.into(),
-                })),
-            },
-            host_metadata_tag(
-                names::TAG_DESTINATION_WORKLOAD,
-                names::WORKLOAD_METADATA_KEY,
-            ),
-            host_metadata_tag(
-                names::TAG_DESTINATION_PRINCIPAL,
-                names::PRINCIPAL_METADATA_KEY,
-            ),
-        ],
+        custom_tags: tags,
         ..CommonGrpcAccessLogConfig::default()
     }
 }

@@ -155,6 +155,7 @@ fn inbound_inputs(
         port_modes,
         port_modes_from,
         hbone: cfg.sidecar_listening_hbone && super::workload::native_tunnel(&labels),
+        access_log_file: cfg.access_log_file.clone(),
         policies: selecting(
             cfg,
             state,
@@ -204,7 +205,7 @@ fn inbound_ports(
     else {
         return Vec::new();
     };
-    let mut ports: BTreeMap<u16, Protocol> = BTreeMap::new();
+    let mut ports: BTreeMap<u16, (Protocol, String)> = BTreeMap::new();
     for (svc_key, list) in &w.services {
         for p in &list.ports {
             let (Ok(service_port), Ok(target)) =
@@ -216,12 +217,19 @@ fn inbound_ports(
             let protocol = waypoints
                 .port_protocol(state, addresses, svc_key, service_port)
                 .unwrap_or(Protocol::Http);
-            ports.entry(target).or_insert(protocol);
+            let hostname = svc_key.split_once('/').map_or(svc_key.as_str(), |(_, h)| h);
+            ports
+                .entry(target)
+                .or_insert_with(|| (protocol, hostname.to_string()));
         }
     }
     ports
         .into_iter()
-        .map(|(port, protocol)| InboundPort { port, protocol })
+        .map(|(port, (protocol, service))| InboundPort {
+            port,
+            protocol,
+            service: Some(service),
+        })
         .collect()
 }
 

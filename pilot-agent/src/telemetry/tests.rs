@@ -51,11 +51,10 @@ fn entry(code: u32, principal: Option<&str>, flags: Option<ResponseFlags>) -> Ht
 
 #[test]
 fn labels_carry_the_source_identity_and_the_destination_endpoint() {
-    let l = labels(&entry(
-        200,
-        Some("spiffe://cluster.local/ns/demo/sa/client"),
-        None,
-    ));
+    let l = labels(
+        &entry(200, Some("spiffe://cluster.local/ns/demo/sa/client"), None),
+        &LocalWorkload::default(),
+    );
     assert_eq!(l.reporter, "waypoint");
     assert_eq!(
         l.source_principal,
@@ -98,13 +97,13 @@ fn missing_parts_are_unknown_and_flags_use_envoys_codes() {
         .expect("common")
         .custom_tags
         .clear();
-    let l = labels(&e);
+    let l = labels(&e, &LocalWorkload::default());
     assert_eq!(l.source_principal, "unknown");
     assert_eq!(l.source_workload_namespace, "unknown");
     assert_eq!(l.destination_workload, "unknown");
     assert_eq!(l.response_flags, "UH,URX");
     assert_eq!(
-        labels(&HttpAccessLogEntry::default()).destination_service,
+        labels(&HttpAccessLogEntry::default(), &LocalWorkload::default()).destination_service,
         "unknown"
     );
 }
@@ -112,7 +111,7 @@ fn missing_parts_are_unknown_and_flags_use_envoys_codes() {
 #[test]
 fn requests_are_counted_with_duration_and_sizes() {
     let metrics = Metrics::new();
-    let m = RequestMetrics::new(&metrics);
+    let m = RequestMetrics::new(&metrics, LocalWorkload::default());
     let principal = Some("spiffe://cluster.local/ns/demo/sa/client");
     for _ in 0..3 {
         m.record(&entry(200, principal, None));
@@ -141,4 +140,77 @@ fn requests_are_counted_with_duration_and_sizes() {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok());
     assert_eq!(response_sum, Some(3.0 * 1074.0));
+}
+
+#[test]
+fn a_sidecar_reports_its_own_side() {
+    let local = LocalWorkload {
+        workload: "server".into(),
+        namespace: "legacy".into(),
+        principal: "spiffe://cluster.local/ns/legacy/sa/server".into(),
+        canonical_service: "server".into(),
+        canonical_revision: "v1".into(),
+        app: "server".into(),
+        version: "v1".into(),
+        cluster: "Kubernetes".into(),
+    };
+    // Inbound: the client's certificate names the source; the destination is this workload.
+    let mut e = entry(200, None, None);
+    let common = e.common_properties.as_mut().expect("common");
+    common.custom_tags.clear();
+    common
+        .custom_tags
+        .insert(TAG_REPORTER.into(), "destination".into());
+    common
+        .custom_tags
+        .insert(TAG_SECURITY_POLICY.into(), "mutual_tls".into());
+    common.custom_tags.insert(
+        TAG_DESTINATION_SERVICE.into(),
+        "server.legacy.svc.cluster.local".into(),
+    );
+    use mesh_proto::envoy::pb::envoy::data::accesslog::v3::tls_properties::{
+        certificate_properties::{subject_alt_name::San, SubjectAltName},
+        CertificateProperties,
+    };
+    common.tls_properties = Some(
+        mesh_proto::envoy::pb::envoy::data::accesslog::v3::TlsProperties {
+            peer_certificate_properties: Some(CertificateProperties {
+                subject_alt_name: vec![SubjectAltName {
+                    san: Some(San::Uri(
+                        "spiffe://cluster.local/ns/legacy/sa/client".into(),
+                    )),
+                }],
+                ..CertificateProperties::default()
+            }),
+            ..Default::default()
+        },
+    );
+    let l = labels(&e, &local);
+    assert_eq!(l.reporter, "destination");
+    assert_eq!(
+        l.source_principal,
+        "spiffe://cluster.local/ns/legacy/sa/client"
+    );
+    assert_eq!(l.source_workload_namespace, "legacy");
+    assert_eq!(l.destination_workload, "server");
+    assert_eq!(l.destination_version, "v1");
+    assert_eq!(l.destination_principal, local.principal);
+    assert_eq!(l.destination_service_name, "server");
+    // Outbound: this workload is the source; the destination is the endpoint's metadata.
+    let mut e = entry(200, None, None);
+    let common = e.common_properties.as_mut().expect("common");
+    common.upstream_cluster = "outbound|80||web.demo.svc.cluster.local".into();
+    common
+        .custom_tags
+        .insert(TAG_REPORTER.into(), "source".into());
+    common
+        .custom_tags
+        .insert(TAG_SECURITY_POLICY.into(), "unknown".into());
+    let l = labels(&e, &local);
+    assert_eq!(l.reporter, "source");
+    assert_eq!(l.source_workload, "server");
+    assert_eq!(l.source_principal, local.principal);
+    assert_eq!(l.destination_workload, "web-v1");
+    assert_eq!(l.destination_service, "web.demo.svc.cluster.local");
+    assert_eq!(l.connection_security_policy, "unknown");
 }

@@ -63,6 +63,8 @@ pub enum PeerMode {
 pub struct InboundPort {
     pub port: u16,
     pub protocol: Protocol,
+    /// The hostname of the (first) service the port serves, for telemetry.
+    pub service: Option<String>,
 }
 
 /// What one sidecar's inbound side depends on.
@@ -79,6 +81,8 @@ pub struct SidecarInputs {
     pub port_modes_from: Option<String>,
     /// Whether its sidecar accepts HBONE on 15008 (`connect_terminate`, `main_internal`).
     pub hbone: bool,
+    /// The access log file (empty: none); requests also go to the agent's access log service.
+    pub access_log_file: String,
     /// AuthorizationPolicies and RequestAuthentications that select the workload.
     #[serde(skip)]
     pub policies: Vec<WaypointPolicy>,
@@ -257,7 +261,7 @@ impl Chains<'_> {
     /// The filters of a declared port's chain towards `inbound|<port>||`.
     fn filters(&self, port: &InboundPort, cluster: &str, peer: Peer) -> Vec<Filter> {
         if port.protocol != Protocol::Tcp {
-            return vec![self.hcm(port.port, cluster, peer)];
+            return vec![self.hcm(port.port, port.service.as_deref(), cluster, peer)];
         }
         let mut f = self.tcp_rbac.clone();
         f.push(tcp_chain_filter(
@@ -361,7 +365,7 @@ impl Chains<'_> {
 
     /// The HTTP connection manager of a declared HTTP port: JWT, RBAC, the router to the
     /// port's cluster; the client's identity travels in `x-forwarded-client-cert`.
-    fn hcm(&self, port: u16, cluster: &str, peer: Peer) -> Filter {
+    fn hcm(&self, port: u16, service: Option<&str>, cluster: &str, peer: Peer) -> Filter {
         let mtls = peer == Peer::Tls;
         // Through HBONE the identities are in filter state, not on this (internal) connection.
         let hbone_xfcc = (peer == Peer::Hbone).then(|| HeaderValueOption {
@@ -406,6 +410,16 @@ impl Chains<'_> {
                 ..SetCurrentClientCertDetails::default()
             }),
             stream_idle_timeout: Some(duration(Duration::ZERO)),
+            access_log: super::super::telemetry::sidecar_access_logs(
+                &self.inputs.access_log_file,
+                "destination",
+                if peer == Peer::Plain {
+                    "none"
+                } else {
+                    "mutual_tls"
+                },
+                service,
+            ),
             ..HttpConnectionManager::default()
         };
         network_filter("envoy.filters.network.http_connection_manager", pack(&hcm))

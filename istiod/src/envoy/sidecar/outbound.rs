@@ -169,6 +169,12 @@ fn http_listener(port: u16, inputs: &WaypointInputs) -> Listener {
         http_filters,
         normalize_path: Some(bool_value(true)),
         stream_idle_timeout: Some(duration(Duration::ZERO)),
+        access_log: super::super::telemetry::sidecar_access_logs(
+            &inputs.access_log_file,
+            "source",
+            "unknown",
+            None,
+        ),
         ..HttpConnectionManager::default()
     };
     Listener {

@@ -69,16 +69,19 @@ fn sidecar_inputs(mode: PeerMode, port_modes: &[(u16, PeerMode)]) -> SidecarInpu
             InboundPort {
                 port: 8080,
                 protocol: Protocol::Http,
+                service: Some("echo.shop.svc.cluster.local".into()),
             },
             InboundPort {
                 port: 9000,
                 protocol: Protocol::Tcp,
+                service: Some("echo.shop.svc.cluster.local".into()),
             },
         ],
         mode,
         port_modes: port_modes.iter().copied().collect::<BTreeMap<_, _>>(),
         port_modes_from: (!port_modes.is_empty()).then(|| "shop/echo".to_string()),
         hbone: true,
+        access_log_file: String::new(),
         policies: vec![policy(ALLOW_FRONTEND)],
         request_authns: Vec::new(),
     }
