@@ -321,6 +321,15 @@ impl Waypoint {
         if let Some(uid) = self.uid {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(uid);
+            // Its stdout and stderr: Envoy reopens `/dev/stdout` for an access log file, which
+            // needs the file to be the proxy's, as a container's own stdout is.
+            let log = self.log_path();
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .expect("log file");
+            std::os::unix::fs::chown(&log, Some(uid), Some(uid)).expect("chown log");
         }
         self.child = Some(crate::process::spawn_logged(
             &self.netns,

@@ -1,9 +1,11 @@
 //! The local ambient mesh demo: istiod, two nodes each with cni-node and ztunnel, and a sample
 //! application in two namespaces, in network namespaces on this machine. It sends traffic and
 //! shows what went through the mesh, a policy refusing and then allowing a connection, and
-//! metrics; then a waypoint (L7): an HTTPRoute split, an L7 policy, request statistics.
+//! metrics; then a waypoint (L7): an HTTPRoute split, an L7 policy, request statistics; then
+//! sidecars in `legacy` calling each other and the ambient pods (and called by them).
 //! `--keep` leaves everything up until Ctrl-C.
 
+mod sidecar;
 mod waypoint;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -75,7 +77,7 @@ fn setup(dir: &ClusterDir) {
         &format!(
             "{}---\n{}",
             namespace_yaml("demo", &[("istio.io/dataplane-mode", "ambient")]),
-            namespace_yaml("legacy", &[])
+            namespace_yaml("legacy", &[("istio-injection", "enabled")])
         ),
     );
     dir.write(
@@ -151,7 +153,7 @@ fn run(keep: bool, ebpf: bool) -> Result<(), String> {
     step("what the server-side ztunnels saw (access log: one line per connection)");
     show_access(&c, "inbound", 4);
 
-    step("legacy/legacy-client (not in the mesh) calls server-v2 directly: plaintext");
+    step("legacy/legacy-client (no sidecar: created before injection was enabled; not in the mesh) calls server-v2 directly: plaintext");
     let v2 = made[1].addr(APP_PORT);
     println!(
         "  legacy-client -> server-v2: {}",
@@ -194,14 +196,18 @@ fn run(keep: bool, ebpf: bool) -> Result<(), String> {
         .filter(|p| p.spec.name.starts_with("server"))
         .collect();
     let l7 = waypoint::run(&mut c, client, &servers)?;
+    let client = c.pod("client").clone();
+    let sidecars = sidecar::run(&mut c, &client)?;
 
     if keep {
         explore(&c);
         l7.explore();
+        sidecars.explore();
         wait_for_ctrl_c();
     }
     step("tearing down (processes, namespaces, rules)");
     stop.store(true, Ordering::Relaxed);
+    drop(sidecars);
     drop(l7);
     drop(c);
     println!("done");

@@ -19,7 +19,7 @@ use mesh_proto::envoy::pb::envoy::extensions::filters::network::tcp_proxy::v3::t
 use mesh_proto::type_url;
 
 use super::super::any::{ads_source, bool_value, duration, pack, u32_value};
-use super::super::inputs::{BoundService, Flavor, Protocol, WaypointInputs};
+use super::super::inputs::{BoundService, Flavor, Protocol, ServicePort, WaypointInputs};
 use super::super::listeners::{
     connect_originate, http_filter, network_filter, router, socket_address, tcp_chain_filter,
 };
@@ -32,6 +32,20 @@ const OUTBOUND_PORT: u16 = mesh_capture::OUTBOUND_CAPTURE_PORT;
 const BLACKHOLE_CHAIN: &str = "virtualOutbound-blackhole";
 const CATCHALL_CHAIN: &str = "virtualOutbound-catchall-tcp";
 const ALLOW_ANY: &str = "allow_any";
+/// The ports of the proxy's own listeners (admin, capture, HBONE, the agent's status and
+/// readiness, DNS, Prometheus). A service port among them (a waypoint's HBONE or status port)
+/// gets no wildcard HTTP listener, which would take the proxy's own address: it is proxied as
+/// TCP on the service's addresses.
+const PROXY_PORTS: [u16; 8] = [
+    15000,
+    OUTBOUND_PORT,
+    mesh_capture::INBOUND_CAPTURE_PORT,
+    mesh_capture::HBONE_PORT,
+    15020,
+    15021,
+    mesh_capture::DNS_CAPTURE_PORT,
+    15090,
+];
 
 pub(super) fn generate(inputs: &WaypointInputs, out: &mut Builder, errors: &mut Vec<RouteError>) {
     let hashes = destination_rule::hash_policy_index(inputs);
@@ -67,21 +81,10 @@ pub(super) fn generate(inputs: &WaypointInputs, out: &mut Builder, errors: &mut 
     let mut domains_seen: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();
     for (svc, svc_routes) in inputs.services.iter().zip(&routes) {
         for port in &svc.ports {
+            let reserved = PROXY_PORTS.contains(&port.port);
             match (port.protocol, svc_routes.by_port.get(&port.port)) {
-                (Protocol::Tcp, _) | (_, None) => {
-                    let target =
-                        (svc_routes.tcp_by_port.get(&port.port).cloned()).unwrap_or_else(|| {
-                            tcp_proxy::ClusterSpecifier::Cluster(inputs.cluster_name(
-                                &svc.hostname,
-                                port,
-                                None,
-                            ))
-                        });
-                    for vip in &svc.vips {
-                        let listener = tcp_listener(&vip.to_string(), port.port, target.clone());
-                        out.put(type_url::LISTENER, &listener.name.clone(), &listener);
-                    }
-                }
+                (Protocol::Tcp, _) | (_, None) => tcp_listeners(inputs, svc, port, svc_routes, out),
+                _ if reserved => tcp_listeners(inputs, svc, port, svc_routes, out),
                 (_, Some(rc)) => {
                     let seen = domains_seen.entry(port.port).or_default();
                     let domains: Vec<String> = domains(inputs, svc, port.port)
@@ -118,6 +121,23 @@ pub(super) fn generate(inputs: &WaypointInputs, out: &mut Builder, errors: &mut 
         };
         out.put(type_url::ROUTE, &name, &rc);
         let listener = http_listener(port, inputs);
+        out.put(type_url::LISTENER, &listener.name.clone(), &listener);
+    }
+}
+
+/// `<vip>_<port>` TCP listeners of one service port, to its TCPRoute's clusters or its own.
+fn tcp_listeners(
+    inputs: &WaypointInputs,
+    svc: &BoundService,
+    port: &ServicePort,
+    routes: &ServiceRoutes,
+    out: &mut Builder,
+) {
+    let target = (routes.tcp_by_port.get(&port.port).cloned()).unwrap_or_else(|| {
+        tcp_proxy::ClusterSpecifier::Cluster(inputs.cluster_name(&svc.hostname, port, None))
+    });
+    for vip in &svc.vips {
+        let listener = tcp_listener(&vip.to_string(), port.port, target.clone());
         out.put(type_url::LISTENER, &listener.name.clone(), &listener);
     }
 }

@@ -55,6 +55,14 @@ fn outbound_inputs() -> WaypointInputs {
     let mut db = service("db", "10.96.0.20", vec![endpoint("10.1.0.9", "v3")]);
     db.ports.retain(|p| p.protocol == Protocol::Tcp);
     inp.services.push(db);
+    // A waypoint's Service: HBONE on 15008 and its status port, both the sidecar's own ports.
+    let mut waypoint = service("waypoint", "10.96.0.50", vec![]);
+    for (p, name) in waypoint.ports.iter_mut().zip(["mesh", "status-port"]) {
+        p.port = if name == "mesh" { 15008 } else { 15021 };
+        p.name = Some(name.into());
+        p.protocol = Protocol::Http;
+    }
+    inp.services.push(waypoint);
     inp
 }
 
@@ -135,6 +143,9 @@ fn outbound_side_has_istios_names() {
             "10.96.0.11_9000",
             "10.96.0.12_9000",
             "10.96.0.20_9000",
+            // The waypoint's 15008 and 15021 are the proxy's own ports: TCP on the address.
+            "10.96.0.50_15008",
+            "10.96.0.50_15021",
             "connect_originate",
             "connect_terminate",
             "main_internal",
