@@ -1,4 +1,6 @@
-//! Shared pieces of the system benchmarks: percentiles and table printing.
+//! Shared pieces of the system benchmarks: percentiles, table printing, HTTP load.
+
+pub mod http_load;
 
 /// The `p`-th percentile (0..=100) of `samples` (sorted in place), nearest-rank.
 pub fn percentile(samples: &mut [f64], p: f64) -> f64 {

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Benchmark: HTTP between sidecars, from a sidecar to an ambient pod, and direct, in network
+# namespaces (needs root and Envoy): requests/s at saturation, p50/p99 at a fixed rate, each
+# sidecar's CPU and memory (RSS and private). Builds release binaries, prints a table.
+# Not part of the test suite. Pass --quick for a short smoke run.
+set -euo pipefail
+source "$(dirname "$0")/../scripts/env.sh"
+cd "$REPO_ROOT"
+"$REPO_ROOT/scripts/install-deps.sh"
+cargo build --release -p istiod -p ztunnel -p cni-node -p pilot-agent -p mesh-bench
+export MESH_BIN_DIR="$CARGO_TARGET_DIR/release"
+exec "$MESH_BIN_DIR/sidecar-http" "$@"
