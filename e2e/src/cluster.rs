@@ -75,6 +75,9 @@ pub struct PodSpec {
     pub annotations: BTreeMap<String, String>,
     /// The controlling owner, `(kind, name)` (a Deployment's pods are owned by its ReplicaSet).
     pub owner: Option<(String, String)>,
+    /// The whole Pod object (e.g. as the injector returned it), used instead of the one built
+    /// from the fields above; its status is set as the pod starts.
+    pub object: Option<serde_json::Value>,
 }
 
 impl PodSpec {
@@ -87,6 +90,7 @@ impl PodSpec {
             labels: BTreeMap::from([("app".to_string(), name.to_string())]),
             annotations: BTreeMap::new(),
             owner: None,
+            object: None,
         }
     }
 
@@ -112,6 +116,18 @@ impl PodSpec {
 
     /// The Pod object (pending without an IP, running with one).
     pub fn yaml(&self, ip: Option<Ipv4Addr>) -> String {
+        if let Some(object) = &self.object {
+            let mut pod = object.clone();
+            pod["status"] = match ip {
+                Some(ip) => serde_json::json!({
+                    "phase": "Running", "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}],
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                }),
+                None => serde_json::json!({"phase": "Pending"}),
+            };
+            // JSON is YAML.
+            return pod.to_string();
+        }
         let mut labels = String::new();
         for (k, v) in &self.labels {
             labels.push_str(&format!("    {k}: \"{v}\"\n"));

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod cni;
 pub mod controller;
 pub mod http;
+pub mod injection;
 pub mod inspect;
 pub mod istiod;
 pub mod kubelet;

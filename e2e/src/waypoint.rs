@@ -285,7 +285,15 @@ impl Waypoint {
             .flatten()
             .map(|a| expand(a, &env))
             .collect();
-        Waypoint::launch(pod, dir, env, args, None)
+        // The user the container runs as (a sidecar's 1337, which its capture lets through).
+        let uid = (container.security_context.as_ref())
+            .and_then(|s| s.run_as_user)
+            .and_then(|u| u32::try_from(u).ok())
+            .filter(|u| *u != 0);
+        if let Some(uid) = uid {
+            give_to(dir.path(), uid);
+        }
+        Waypoint::launch(pod, dir, env, args, uid)
     }
 
     fn launch(

@@ -1,5 +1,7 @@
-//! Sidecars on the local mesh: pods of a namespace without ambient, each with its init step's
-//! capture and `pilot-agent proxy sidecar` (the real Envoy 1.40, configured by istiod), calling
+//! Sidecars on the local mesh: pods of a namespace without ambient, injected by the real
+//! injector, one captured by its `istio-init` step and one by cni-node at CNI ADD, each running
+//! its `istio-proxy` container (`pilot-agent proxy sidecar`, the real Envoy 1.40, configured by
+//! istiod), calling
 //! each other over Istio mutual TLS, calling ambient pods and called by them over HBONE, with
 //! PeerAuthentication and AuthorizationPolicy enforced at the receiving sidecar.
 
@@ -7,9 +9,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec, Redirection};
+use mesh_e2e::injection;
 use mesh_e2e::waypoint::Waypoint;
 use mesh_testutil::netns::have_root;
-use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, Netns};
+use mesh_testutil::{
+    http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, JwtIssuer, Netns,
+};
 
 const APP_PORT: u16 = 8080;
 const SERVER_VIP: &str = "10.96.0.30";
@@ -38,17 +43,68 @@ fn setup(dir: &ClusterDir) {
     dir.write("svc-amb.yaml", &service("demo", "amb", AMBIENT_VIP));
 }
 
-/// A pod as the injector leaves it: the status annotation, the `tlsMode` label and, as with
-/// the ambient profile's `ISTIO_META_ENABLE_HBONE`, the tunnel label (its sidecar takes HBONE).
-fn injected(name: &str, node: &str) -> PodSpec {
-    PodSpec::new("legacy", name, node, name)
-        .annotation("sidecar.istio.io/status", "{}")
-        .label("security.istio.io/tlsMode", "istio")
-        .label("networking.istio.io/tunnel", "http")
+/// A pod of `legacy` through the real injector, with the ambient profile's proxy metadata
+/// (`ISTIO_META_ENABLE_HBONE`: the injector adds the tunnel label, its sidecar takes HBONE);
+/// with `cni`, cni-node writes its capture at CNI ADD (`istio-validation`), otherwise its
+/// `istio-init` step does.
+fn injected(name: &str, node: &str, cni: bool) -> PodSpec {
+    let values = serde_json::json!({
+        "istio_cni": {"enabled": cni},
+        "meshConfig": {"defaultConfig": {
+            "discoveryAddress": "istiod.istio-system.svc:15012",
+            "proxyMetadata": {"ISTIO_META_ENABLE_HBONE": "true"},
+            "drainDuration": "2s",
+        }},
+    });
+    let spec = PodSpec::new("legacy", name, node, name)
+        .annotation("prometheus.io/scrape", "true")
+        .annotation("prometheus.io/port", &APP_METRICS_PORT.to_string())
+        .annotation("prometheus.io/path", "/metrics");
+    injection::injected(spec, &values)
 }
 
 fn get(netns: &Netns, addr: SocketAddr) -> Option<HttpResponse> {
-    http_request(netns, addr, "GET", "/", &[], Duration::from_secs(5))
+    get_with(netns, addr, &[])
+}
+
+fn get_with(netns: &Netns, addr: SocketAddr, headers: &[(&str, &str)]) -> Option<HttpResponse> {
+    http_request(netns, addr, "GET", "/", headers, Duration::from_secs(5))
+}
+
+/// A RequestAuthentication selecting the server makes its sidecar verify tokens; an ALLOW on
+/// `requestPrincipals` then requires one: none is refused (403), a forged one too (401), a
+/// valid one passes.
+fn requires_a_token(m: &Mesh) {
+    let issuer = JwtIssuer::new("https://issuer.example/legacy").expect("issuer");
+    let impostor = JwtIssuer::new("https://issuer.example/legacy").expect("another key");
+    m.cluster.objects().write(
+        "authn.yaml",
+        &format!(
+            "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata:\n  name: jwt\n  namespace: legacy\nspec:\n  selector: {{matchLabels: {{app: server}}}}\n  jwtRules:\n  - issuer: {}\n    jwks: '{}'\n---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata:\n  name: require-jwt\n  namespace: legacy\nspec:\n  selector: {{matchLabels: {{app: server}}}}\n  action: ALLOW\n  rules:\n  - from: [{{source: {{requestPrincipals: ['*']}}}}]\n",
+            issuer.issuer(),
+            issuer.jwks()
+        ),
+    );
+    let bearer = |i: &JwtIssuer| {
+        format!(
+            "Bearer {}",
+            i.token("alice", serde_json::json!({})).expect("token")
+        )
+    };
+    let (good, forged) = (bearer(&issuer), bearer(&impostor));
+    let status = |auth: Option<&str>| {
+        let headers: Vec<(&str, &str)> = auth.map(|a| ("authorization", a)).into_iter().collect();
+        get_with(&m.client.netns, vip(), &headers).map_or(0, |r| r.status)
+    };
+    assert!(
+        eventually(|| status(None) == 403),
+        "a token is required\n{}",
+        m.logs()
+    );
+    assert_eq!(status(Some(&forged)), 401, "a forged token is refused");
+    assert_eq!(status(Some(&good)), 200, "a valid token passes");
+    m.cluster.objects().remove("authn.yaml");
+    assert!(eventually(|| status(None) == 200), "no token needed again");
 }
 
 fn vip() -> SocketAddr {
@@ -119,8 +175,8 @@ fn deploy() -> Mesh {
             .add_pod(spec)
             .unwrap_or_else(|e| panic!("pod {name}: {e}"))
     };
-    let client = add(injected("client", "node1"));
-    let server = add(injected("server", "node2"));
+    let client = add(injected("client", "node1", false));
+    let server = add(injected("server", "node2", true));
     let outsider = add(PodSpec::new("legacy", "outsider", "node1", "outsider"));
     let amb = add(PodSpec::new("demo", "amb", "node2", "amb"));
     let amb_client = add(PodSpec::new("demo", "amb-client", "node1", "amb-client"));
@@ -131,13 +187,8 @@ fn deploy() -> Mesh {
     // The server's own metrics, which its sidecar merges into the status port's.
     let metrics_addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_METRICS_PORT));
     let app_metrics = HttpApp::start(&server.netns, metrics_addr, APP_METRIC).expect("metrics app");
-    let scrape = format!(r#"{{"scrape":"true","path":"/metrics","port":"{APP_METRICS_PORT}"}}"#);
-    let server_proxy = Waypoint::start_sidecar(
-        &server,
-        &cluster.istiod,
-        &[("ISTIO_PROMETHEUS_ANNOTATIONS", &scrape)],
-    );
-    let client_proxy = Waypoint::start_sidecar(&client, &cluster.istiod, &[]);
+    let server_proxy = injection::start_sidecar(&server, &cluster.istiod, &[]);
+    let client_proxy = injection::start_sidecar(&client, &cluster.istiod, &[]);
     server_proxy.wait_ready(Duration::from_secs(30));
     client_proxy.wait_ready(Duration::from_secs(30));
     Mesh {
@@ -267,6 +318,8 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
         "allowed again once the policy is gone\n{}",
         m.logs()
     );
+
+    requires_a_token(&m);
 
     // Request metrics from both sidecars, each reporting its own side.
     let counted = |proxy: &Waypoint, want: &[&str]| {
