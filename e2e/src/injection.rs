@@ -13,6 +13,21 @@ use crate::cluster::{MeshPod, PodSpec};
 use crate::istiod::Istiod;
 use crate::waypoint::Waypoint;
 
+/// The istiod chart's values as the ambient profile renders them for the injector (its proxy
+/// metadata `ISTIO_META_ENABLE_HBONE`, so sidecars take HBONE), with the local istiod as
+/// discovery address (the harness resolves it); `cni`: cni-node writes the capture
+/// (`istio-validation`) instead of the `istio-init` step.
+pub fn ambient_values(cni: bool) -> Value {
+    serde_json::json!({
+        "istio_cni": {"enabled": cni},
+        "meshConfig": {"defaultConfig": {
+            "discoveryAddress": "istiod.istio-system.svc:15012",
+            "proxyMetadata": {"ISTIO_META_ENABLE_HBONE": "true"},
+            "drainDuration": "2s",
+        }},
+    })
+}
+
 /// `spec` injected with the injector configured by `values` (the istiod chart's values, e.g.
 /// `{"istio_cni": {"enabled": true}}` for cni-node's capture, or the ambient profile's proxy
 /// metadata); panics with the injector's reason if it refuses the pod.

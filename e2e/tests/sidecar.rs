@@ -48,14 +48,7 @@ fn setup(dir: &ClusterDir) {
 /// with `cni`, cni-node writes its capture at CNI ADD (`istio-validation`), otherwise its
 /// `istio-init` step does.
 fn injected(name: &str, node: &str, cni: bool) -> PodSpec {
-    let values = serde_json::json!({
-        "istio_cni": {"enabled": cni},
-        "meshConfig": {"defaultConfig": {
-            "discoveryAddress": "istiod.istio-system.svc:15012",
-            "proxyMetadata": {"ISTIO_META_ENABLE_HBONE": "true"},
-            "drainDuration": "2s",
-        }},
-    });
+    let values = injection::ambient_values(cni);
     let spec = PodSpec::new("legacy", name, node, name)
         .annotation("prometheus.io/scrape", "true")
         .annotation("prometheus.io/port", &APP_METRICS_PORT.to_string())

@@ -8,6 +8,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec};
+use mesh_e2e::injection;
 use mesh_e2e::waypoint::Waypoint;
 use mesh_testutil::{http_request, service_yaml, HttpApp};
 
@@ -38,13 +39,12 @@ impl Sidecars {
     }
 }
 
-/// A pod as Istio's injector leaves it in a namespace with `istio-injection=enabled` under the
-/// ambient profile: the status annotation, `security.istio.io/tlsMode` and the tunnel label.
-fn injected(name: &str, node: &str) -> PodSpec {
-    PodSpec::new("legacy", name, node, name)
-        .annotation("sidecar.istio.io/status", "{}")
-        .label("security.istio.io/tlsMode", "istio")
-        .label("networking.istio.io/tunnel", "http")
+/// A pod of `legacy` through the injector (istiod's webhook code) with the ambient profile's
+/// proxy metadata; `sleep` is captured by its `istio-init` step, `httpbin` by cni-node at CNI
+/// ADD (`istio_cni.enabled`, the `istio-validation` init container).
+fn injected(name: &str, node: &str, cni: bool) -> PodSpec {
+    let values = injection::ambient_values(cni);
+    injection::injected(PodSpec::new("legacy", name, node, name), &values)
 }
 
 /// The ztunnels' inbound connection counters whose labels contain `needle`, shortened.
@@ -66,21 +66,21 @@ fn get(pod: &MeshPod, addr: SocketAddr) -> Option<(u16, String)> {
 }
 
 pub fn run(c: &mut MeshCluster, client: &MeshPod) -> Result<Sidecars, String> {
-    step("namespace legacy has istio-injection=enabled: pods sleep and httpbin get sidecars (the init step writes the capture, `pilot-agent proxy sidecar` runs Envoy 1.40 as uid 1337, configured by istiod)");
+    step("namespace legacy has istio-injection=enabled: pods sleep and httpbin go through the injector and get sidecars (sleep's istio-init step and, for httpbin, cni-node write the capture; `pilot-agent proxy sidecar` runs Envoy 1.40 as uid 1337, configured by istiod)");
     c.objects().write(
         "svc-httpbin.yaml",
         &service_yaml("legacy", "httpbin", &HTTPBIN_VIP.to_string(), "httpbin"),
     );
     let sleep_pod = c
-        .add_pod(injected("sleep", "node1"))
+        .add_pod(injected("sleep", "node1", false))
         .map_err(|e| e.to_string())?;
     let httpbin_pod = c
-        .add_pod(injected("httpbin", "node2"))
+        .add_pod(injected("httpbin", "node2", true))
         .map_err(|e| e.to_string())?;
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, HTTPBIN_PORT));
     let app = HttpApp::start(&httpbin_pod.netns, any, "httpbin").map_err(|e| e.to_string())?;
-    let httpbin = Waypoint::start_sidecar(&httpbin_pod, &c.istiod, &[]);
-    let sleep = Waypoint::start_sidecar(&sleep_pod, &c.istiod, &[]);
+    let httpbin = injection::start_sidecar(&httpbin_pod, &c.istiod, &[]);
+    let sleep = injection::start_sidecar(&sleep_pod, &c.istiod, &[]);
     httpbin.wait_ready(Duration::from_secs(30));
     sleep.wait_ready(Duration::from_secs(30));
     for (name, proxy) in [("sleep", &sleep), ("httpbin", &httpbin)] {
