@@ -7,7 +7,71 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
-use mesh_testutil::Netns;
+use mesh_testutil::{http_request, Netns};
+
+/// The load flags both HTTP benchmarks take.
+#[derive(Debug, clap::Args)]
+pub struct LoadArgs {
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 8)]
+    pub seconds: u64,
+    /// Connections for the saturation run.
+    #[arg(long, default_value_t = 16)]
+    pub connections: usize,
+    /// Requests per second for the latency run.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u32,
+    /// Envoy worker threads of the proxies under test (proxy config `concurrency`).
+    #[arg(long, default_value_t = 2)]
+    pub envoy_concurrency: u32,
+    /// Short run (2 s per measurement).
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl LoadArgs {
+    /// How long each measurement runs.
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs(if self.quick { 2 } else { self.seconds })
+    }
+}
+
+/// One path's figures.
+pub struct Row {
+    pub name: &'static str,
+    pub rps: f64,
+    pub lat: Vec<Duration>,
+}
+
+/// Waits until every `(name, netns, addr)` path answers 200 (certificates, pooled
+/// connections); an error names the first that never does.
+pub fn warm_up(targets: &[(&'static str, &Netns, SocketAddr)]) -> anyhow::Result<()> {
+    for (name, netns, addr) in targets {
+        let ok = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            http_request(netns, *addr, "GET", "/", &[], Duration::from_secs(2))
+                .is_some_and(|r| r.status == 200)
+        });
+        anyhow::ensure!(ok, "{name} path does not answer");
+    }
+    Ok(())
+}
+
+/// The rows as a Markdown table: saturated requests/s, p50 and p99 at `rate`.
+pub fn print_rows(rows: &[Row], rate: u32) {
+    println!("| path | requests/s (saturated) | p50 at {rate} rps | p99 at {rate} rps | samples |");
+    println!("|---|---|---|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {:.0} | {:.0} us | {:.0} us | {} |",
+            r.name,
+            r.rps,
+            pct(&r.lat, 0.5).as_secs_f64() * 1e6,
+            pct(&r.lat, 0.99).as_secs_f64() * 1e6,
+            r.lat.len()
+        );
+    }
+}
 
 /// One HTTP/1.1 keep-alive connection from `netns`.
 pub async fn connect(

@@ -19,9 +19,6 @@ use crate::istiod::{Istiod, SECURE_GRPC_PORT};
 pub const ADMIN_PORT: u16 = 15000;
 pub const STATUS_PORT: u16 = 15020;
 pub const READINESS_PORT: u16 = 15021;
-/// The user and group a sidecar runs as (what the capture lets through).
-pub const SIDECAR_UID: u32 = 1337;
-
 /// Hands `dir` and everything in it to `uid` (a sidecar's files, which it writes to).
 fn give_to(dir: &Path, uid: u32) {
     std::os::unix::fs::chown(dir, Some(uid), Some(uid)).expect("chown");
@@ -144,51 +141,6 @@ impl Waypoint {
             format!("{}.{}", spec.service_account, spec.namespace),
         ];
         Waypoint::launch(pod, dir, env, args, None)
-    }
-
-    /// Starts the sidecar of `pod` as an injected pod runs it: the init step
-    /// (`pilot-agent istio-iptables` with the injector's default arguments) writes the capture
-    /// in the pod's namespace, then `pilot-agent proxy sidecar` runs as uid and gid 1337.
-    pub fn start_sidecar(pod: &MeshPod, istiod: &Istiod, extra: &[(&str, &str)]) -> Waypoint {
-        let init = pod
-            .netns
-            .exec(
-                &binary("pilot-agent").display().to_string(),
-                &[
-                    "istio-iptables",
-                    "-p",
-                    "15001",
-                    "-z",
-                    "15006",
-                    "-u",
-                    "1337",
-                    "-m",
-                    "REDIRECT",
-                    "-i",
-                    "*",
-                    "-x",
-                    "",
-                    "-b",
-                    "*",
-                    "-d",
-                    "15090,15021,15020",
-                ],
-            )
-            .expect("run the init step");
-        assert!(
-            init.status.success(),
-            "istio-iptables failed: {}",
-            String::from_utf8_lossy(&init.stderr)
-        );
-        let (dir, env) = Waypoint::pod_files(pod, istiod, extra);
-        give_to(dir.path(), SIDECAR_UID);
-        let args = vec![
-            "proxy".to_string(),
-            "sidecar".to_string(),
-            "--domain".to_string(),
-            format!("{}.svc.cluster.local", pod.spec.namespace),
-        ];
-        Waypoint::launch(pod, dir, env, args, Some(SIDECAR_UID))
     }
 
     /// The files the proxy's container mounts (token, root certificate, pod labels) in a

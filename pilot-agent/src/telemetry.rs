@@ -336,28 +336,41 @@ pub fn labels(entry: &HttpAccessLogEntry, local: &LocalWorkload) -> RequestLabel
         response_flags: response_flags(common.response_flags.as_ref()),
         connection_security_policy: security,
     };
-    match reporter.as_str() {
-        "source" => {
-            l.source_workload = or_unknown(&local.workload);
-            l.source_workload_namespace = or_unknown(&local.namespace);
-            l.source_principal = or_unknown(&local.principal);
-            l.source_canonical_service = or_unknown(&local.canonical_service);
-            l.source_canonical_revision = or_unknown(&local.canonical_revision);
-            l.source_app = or_unknown(&local.app);
-            l.source_version = or_unknown(&local.version);
-            l.source_cluster = or_unknown(&local.cluster);
-        }
-        "destination" => {
-            l.destination_workload = or_unknown(&local.workload);
-            l.destination_workload_namespace = or_unknown(&local.namespace);
-            l.destination_principal = or_unknown(&local.principal);
-            l.destination_canonical_service = or_unknown(&local.canonical_service);
-            l.destination_canonical_revision = or_unknown(&local.canonical_revision);
-            l.destination_app = or_unknown(&local.app);
-            l.destination_version = or_unknown(&local.version);
-            l.destination_cluster = or_unknown(&local.cluster);
-        }
-        _ => {}
+    let own_side = match reporter.as_str() {
+        "source" => Some([
+            &mut l.source_workload,
+            &mut l.source_workload_namespace,
+            &mut l.source_principal,
+            &mut l.source_canonical_service,
+            &mut l.source_canonical_revision,
+            &mut l.source_app,
+            &mut l.source_version,
+            &mut l.source_cluster,
+        ]),
+        "destination" => Some([
+            &mut l.destination_workload,
+            &mut l.destination_workload_namespace,
+            &mut l.destination_principal,
+            &mut l.destination_canonical_service,
+            &mut l.destination_canonical_revision,
+            &mut l.destination_app,
+            &mut l.destination_version,
+            &mut l.destination_cluster,
+        ]),
+        _ => None,
+    };
+    let own = [
+        &local.workload,
+        &local.namespace,
+        &local.principal,
+        &local.canonical_service,
+        &local.canonical_revision,
+        &local.app,
+        &local.version,
+        &local.cluster,
+    ];
+    for (field, value) in own_side.into_iter().flatten().zip(own) {
+        *field = or_unknown(value);
     }
     l
 }

@@ -8,29 +8,19 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use clap::Parser;
-use mesh_bench::http_load::{cpu_ticks, memory_kib, paced, pct, saturate};
+use mesh_bench::http_load::{
+    cpu_ticks, memory_kib, paced, pct, print_rows, saturate, warm_up, LoadArgs, Row,
+};
 use mesh_e2e::cluster::{MeshCluster, PodSpec, Redirection};
+use mesh_e2e::injection;
 use mesh_e2e::procfs::children;
 use mesh_e2e::waypoint::Waypoint;
-use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp};
+use mesh_testutil::{namespace_yaml, ClusterDir, HttpApp};
 
 #[derive(Parser)]
 struct Args {
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 8)]
-    seconds: u64,
-    /// Connections for the saturation run.
-    #[arg(long, default_value_t = 16)]
-    connections: usize,
-    /// Requests per second for the latency run.
-    #[arg(long, default_value_t = 1000)]
-    rate: u32,
-    /// Envoy worker threads of each sidecar (proxy config `concurrency`).
-    #[arg(long, default_value_t = 2)]
-    envoy_concurrency: u32,
-    /// Short run (2 s per measurement).
-    #[arg(long)]
-    quick: bool,
+    #[command(flatten)]
+    load: LoadArgs,
 }
 
 const BODY: usize = 1024;
@@ -59,12 +49,12 @@ fn setup(dir: &ClusterDir) {
     dir.write("svc-amb.yaml", &svc("amb", AMBIENT_VIP));
 }
 
-/// A pod with a sidecar, as the injector leaves it under the ambient profile.
+/// A pod of `legacy` through the injector, with the ambient profile's values.
 fn injected(name: &str, node: &str) -> PodSpec {
-    PodSpec::new("legacy", name, node, name)
-        .annotation("sidecar.istio.io/status", "{}")
-        .label("security.istio.io/tlsMode", "istio")
-        .label("networking.istio.io/tunnel", "http")
+    injection::injected(
+        PodSpec::new("legacy", name, node, name),
+        &injection::ambient_values(false),
+    )
 }
 
 /// A sidecar's agent and Envoy processes.
@@ -86,15 +76,9 @@ impl Proxy {
     }
 }
 
-struct Row {
-    name: &'static str,
-    rps: f64,
-    lat: Vec<Duration>,
-}
-
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let dur = Duration::from_secs(if args.quick { 2 } else { args.seconds });
+    let args = Args::parse().load;
+    let dur = args.duration();
     let mut c = MeshCluster::start("scb", &["node1", "node2"], Redirection::Nftables, setup);
     let add = |c: &mut MeshCluster, spec: PodSpec| {
         let name = spec.name.clone();
@@ -105,7 +89,7 @@ fn main() -> anyhow::Result<()> {
     let body = "x".repeat(BODY);
     let plain_server = add(&mut c, PodSpec::new("plain", "plain-server", "node2", "s"))?;
     let plain_client = add(&mut c, PodSpec::new("plain", "plain-client", "node1", "c"))?;
-    let sc_server = add(&mut c, injected("server", "node2").label("app", "server"))?;
+    let sc_server = add(&mut c, injected("server", "node2"))?;
     let sc_client = add(&mut c, injected("client", "node1"))?;
     let amb_server = add(
         &mut c,
@@ -122,8 +106,8 @@ fn main() -> anyhow::Result<()> {
         args.envoy_concurrency
     );
     let env = [("PROXY_CONFIG", proxy_config.as_str())];
-    let server_proxy = Waypoint::start_sidecar(&sc_server, &c.istiod, &env);
-    let client_proxy = Waypoint::start_sidecar(&sc_client, &c.istiod, &env);
+    let server_proxy = injection::start_sidecar(&sc_server, &c.istiod, &env);
+    let client_proxy = injection::start_sidecar(&sc_client, &c.istiod, &env);
     server_proxy.wait_ready(Duration::from_secs(30));
     client_proxy.wait_ready(Duration::from_secs(30));
     let proxies = [
@@ -147,14 +131,7 @@ fn main() -> anyhow::Result<()> {
             SocketAddr::from((AMBIENT_VIP, 80)),
         ),
     ];
-    for (name, netns, addr) in &targets {
-        let ok = (0..100).any(|_| {
-            std::thread::sleep(Duration::from_millis(100));
-            http_request(netns, *addr, "GET", "/", &[], Duration::from_secs(2))
-                .is_some_and(|r| r.status == 200)
-        });
-        anyhow::ensure!(ok, "{name} path does not answer");
-    }
+    warm_up(&targets)?;
     let idle: Vec<_> = (proxies.iter())
         .map(|p| (memory_kib(p.envoy), memory_kib(p.agent)))
         .collect();
@@ -182,21 +159,7 @@ fn main() -> anyhow::Result<()> {
         .collect();
 
     println!("\nsidecar HTTP benchmark: {BODY} B responses, HTTP/1.1 keep-alive, {} s per figure, saturation with {} connections, latency at {} rps, Envoy concurrency {}\n", dur.as_secs(), args.connections, args.rate, args.envoy_concurrency);
-    println!(
-        "| path | requests/s (saturated) | p50 at {} rps | p99 at {} rps | samples |",
-        args.rate, args.rate
-    );
-    println!("|---|---|---|---|---|");
-    for r in &rows {
-        println!(
-            "| {} | {:.0} | {:.0} us | {:.0} us | {} |",
-            r.name,
-            r.rps,
-            pct(&r.lat, 0.5).as_secs_f64() * 1e6,
-            pct(&r.lat, 0.99).as_secs_f64() * 1e6,
-            r.lat.len()
-        );
-    }
+    print_rows(&rows, args.rate);
     let p50 = |i: usize| pct(&rows[i].lat, 0.5).as_secs_f64() * 1e6;
     println!(
         "\ntwo sidecars over direct at p50: +{:.0} us (target <= 1000 us); sidecar -> ambient over direct: +{:.0} us",

@@ -8,7 +8,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use mesh_bench::http_load::{cpu_ticks, memory_kib, paced, pct, saturate};
+use mesh_bench::http_load::{
+    cpu_ticks, memory_kib, paced, pct, print_rows, saturate, warm_up, LoadArgs, Row,
+};
 use mesh_e2e::cluster::{MeshCluster, PodSpec, Redirection};
 use mesh_e2e::controller::WaypointController;
 use mesh_e2e::kubelet::{gateway_programmed, Kubelet};
@@ -17,21 +19,8 @@ use mesh_testutil::{http_request, namespace_yaml, ClusterDir, HttpApp};
 
 #[derive(Parser)]
 struct Args {
-    /// Seconds per measurement.
-    #[arg(long, default_value_t = 8)]
-    seconds: u64,
-    /// Connections for the saturation run.
-    #[arg(long, default_value_t = 16)]
-    connections: usize,
-    /// Requests per second for the latency run.
-    #[arg(long, default_value_t = 1000)]
-    rate: u32,
-    /// Envoy worker threads of the waypoint (pilot-agent `concurrency`).
-    #[arg(long, default_value_t = 2)]
-    envoy_concurrency: u32,
-    /// Short run (2 s per measurement).
-    #[arg(long)]
-    quick: bool,
+    #[command(flatten)]
+    load: LoadArgs,
 }
 
 const BODY: usize = 1024;
@@ -96,15 +85,9 @@ fn setup(dir: &ClusterDir) {
     );
 }
 
-struct Row {
-    name: &'static str,
-    rps: f64,
-    lat: Vec<Duration>,
-}
-
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    let dur = Duration::from_secs(if args.quick { 2 } else { args.seconds });
+    let args = Args::parse().load;
+    let dur = args.duration();
     let mut c = MeshCluster::start("wpb", &["node1", "node2"], Redirection::Nftables, setup);
     let add = |c: &mut MeshCluster, spec: PodSpec| {
         let name = spec.name.clone();
@@ -205,14 +188,7 @@ fn main() -> anyhow::Result<()> {
         ),
     ];
     // Warm up every path (certificates, pooled HBONE connections).
-    for (name, netns, addr) in &targets {
-        let ok = (0..100).any(|_| {
-            std::thread::sleep(Duration::from_millis(100));
-            http_request(netns, *addr, "GET", "/", &[], Duration::from_secs(2))
-                .is_some_and(|r| r.status == 200)
-        });
-        anyhow::ensure!(ok, "{name} path does not answer");
-    }
+    warm_up(&targets)?;
     let mut rows = Vec::new();
     let mut wp_cpu = (0.0, 0.0);
     let mut baseline_cpu = 0.0;
@@ -272,21 +248,7 @@ fn main() -> anyhow::Result<()> {
     }
 
     println!("\nwaypoint HTTP benchmark: {BODY} B responses, HTTP/1.1 keep-alive, {} s per figure, saturation with {} connections, latency at {} rps, Envoy concurrency {}\n", dur.as_secs(), args.connections, args.rate, args.envoy_concurrency);
-    println!(
-        "| path | requests/s (saturated) | p50 at {} rps | p99 at {} rps | samples |",
-        args.rate, args.rate
-    );
-    println!("|---|---|---|---|---|");
-    for r in &rows {
-        println!(
-            "| {} | {:.0} | {:.0} us | {:.0} us | {} |",
-            r.name,
-            r.rps,
-            pct(&r.lat, 0.5).as_secs_f64() * 1e6,
-            pct(&r.lat, 0.99).as_secs_f64() * 1e6,
-            r.lat.len()
-        );
-    }
+    print_rows(&rows, args.rate);
     let l4 = pct(&rows[1].lat, 0.5);
     let wp = pct(&rows[2].lat, 0.5);
     println!(

@@ -17,7 +17,7 @@ use prost::Message;
 
 use super::peer_auth::{oldest, pa_selector};
 use super::state::{meta_labels, State};
-use super::waypoints::WaypointIndex;
+use super::waypoints::{pick_authn, pick_authz, WaypointIndex};
 use super::workload::pod_uid;
 use super::ModelConfig;
 use crate::envoy::sidecar::{
@@ -156,38 +156,18 @@ fn inbound_inputs(
         port_modes_from,
         hbone: cfg.sidecar_listening_hbone && super::workload::native_tunnel(&labels),
         access_log_file: cfg.access_log_file.clone(),
-        policies: selecting(
+        policies: selecting_as(
             cfg,
             state,
-            Kind::AuthorizationPolicy,
-            &key.namespace,
-            &labels,
-        )
-        .into_iter()
-        .filter_map(|(k, o)| match o {
-            Object::AuthorizationPolicy(p) => Some(Attached {
-                key: k,
-                policy: Arc::new((**p).clone()),
-            }),
-            _ => None,
-        })
-        .collect(),
-        request_authns: selecting(
+            (&key.namespace, &labels),
+            (Kind::AuthorizationPolicy, pick_authz),
+        ),
+        request_authns: selecting_as(
             cfg,
             state,
-            Kind::RequestAuthentication,
-            &key.namespace,
-            &labels,
-        )
-        .into_iter()
-        .filter_map(|(k, o)| match o {
-            Object::RequestAuthentication(p) => Some(Attached {
-                key: k,
-                policy: Arc::new((**p).clone()),
-            }),
-            _ => None,
-        })
-        .collect(),
+            (&key.namespace, &labels),
+            (Kind::RequestAuthentication, pick_authn),
+        ),
     }
 }
 
@@ -295,6 +275,24 @@ fn convert(mode: Option<MtlsMode>) -> Option<PeerMode> {
         MtlsMode::Permissive => Some(PeerMode::Permissive),
         MtlsMode::Disable => Some(PeerMode::Disable),
     }
+}
+
+/// [`selecting`] policies of `T` (`pick` tells them and their kind) as attached policies.
+fn selecting_as<T: Clone>(
+    cfg: &ModelConfig,
+    state: &State,
+    (ns, labels): (&str, &BTreeMap<String, String>),
+    (kind, pick): (Kind, fn(&Object) -> Option<&T>),
+) -> Vec<Attached<T>> {
+    selecting(cfg, state, kind, ns, labels)
+        .into_iter()
+        .filter_map(|(key, o)| {
+            pick(o).map(|p| Attached {
+                key,
+                policy: Arc::new(p.clone()),
+            })
+        })
+        .collect()
 }
 
 /// The policies of `kind` in force for a workload with `labels` in `ns`, by `namespace/name`:

@@ -598,14 +598,14 @@ fn attached_as<T: Clone>(
         .collect()
 }
 
-fn pick_authz(o: &Object) -> Option<&mesh_api::AuthorizationPolicy> {
+pub(crate) fn pick_authz(o: &Object) -> Option<&mesh_api::AuthorizationPolicy> {
     match o {
         Object::AuthorizationPolicy(p) => Some(p),
         _ => None,
     }
 }
 
-fn pick_authn(o: &Object) -> Option<&mesh_api::RequestAuthentication> {
+pub(crate) fn pick_authn(o: &Object) -> Option<&mesh_api::RequestAuthentication> {
     match o {
         Object::RequestAuthentication(p) => Some(p),
         _ => None,

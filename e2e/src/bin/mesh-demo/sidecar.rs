@@ -131,7 +131,7 @@ pub fn run(c: &mut MeshCluster, client: &MeshPod) -> Result<Sidecars, String> {
         println!("  {line}");
     }
 
-    step("ambient -> sidecar: demo/client calls httpbin.legacy; its ztunnel tunnels (HBONE) to the sidecar's 15008");
+    step("ambient -> sidecar: demo/client calls httpbin.legacy; its ztunnel tunnels (HBONE) to the sidecar's HBONE port");
     until(|| get(client, httpbin_vip).is_some_and(|(s, _)| s == 200));
     println!("  client -> httpbin.legacy: {:?}", get(client, httpbin_vip));
     println!("  httpbin's sidecar saw the HBONE peer {}", identity());
