@@ -149,6 +149,16 @@ impl Ztunnel {
             .unwrap_or_default()
     }
 
+    /// Whether its metrics count an inbound connection (`reporter="destination"`) from
+    /// `principal`.
+    pub fn saw_inbound_from(&self, principal: &str) -> bool {
+        let source = format!("source_principal=\"{principal}\"");
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
+            .any(|l| l.contains("reporter=\"destination\"") && l.contains(&source))
+    }
+
     /// Sends SIGTERM and waits up to `limit` for the exit; returns whether it exited cleanly.
     pub fn stop(&mut self, limit: Duration) -> bool {
         crate::process::terminate(self.child.take(), limit)

@@ -65,16 +65,7 @@ fn ruleset(netns: &Netns) -> String {
 
 /// Inbound connections the server-side ztunnel reported from `principal`.
 fn seen_from(cluster: &MeshCluster, node: &str, principal: &str) -> bool {
-    cluster
-        .node(node)
-        .ztunnel
-        .metrics()
-        .lines()
-        .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
-        .any(|l| {
-            l.contains("reporter=\"destination\"")
-                && l.contains(&format!("source_principal=\"{principal}\""))
-        })
+    cluster.node(node).ztunnel.saw_inbound_from(principal)
 }
 
 struct App {

@@ -6,7 +6,7 @@
 //! PeerAuthentication and AuthorizationPolicy enforced at the receiving sidecar.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec, Redirection};
 use mesh_e2e::injection;
@@ -114,29 +114,9 @@ fn ambient_vip() -> SocketAddr {
     SocketAddr::from((AMBIENT_VIP.parse::<Ipv4Addr>().expect("vip"), 80))
 }
 
-/// Whether `node`'s ztunnel reported an inbound connection from `principal`.
-fn ztunnel_saw(c: &MeshCluster, node: &str, principal: &str) -> bool {
-    c.node(node)
-        .ztunnel
-        .metrics()
-        .lines()
-        .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
-        .any(|l| {
-            l.contains("reporter=\"destination\"")
-                && l.contains(&format!("source_principal=\"{principal}\""))
-        })
-}
-
 /// Polls `f` for up to 20 s.
-fn eventually(mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    f()
+fn eventually(f: impl FnMut() -> bool) -> bool {
+    mesh_testutil::eventually_blocking(Duration::from_secs(20), Duration::from_millis(200), f)
 }
 
 /// Every xDS update the proxy got was accepted.
@@ -204,6 +184,14 @@ fn deploy() -> Mesh {
 }
 
 impl Mesh {
+    /// The `x-forwarded-client-cert` the server app last received (empty without one).
+    fn xfcc(&self) -> String {
+        (self.app.last_headers())
+            .get("x-forwarded-client-cert")
+            .cloned()
+            .unwrap_or_default()
+    }
+
     fn logs(&self) -> String {
         format!(
             "--- client sidecar\n{}\n--- server sidecar\n{}\n{}",
@@ -234,12 +222,7 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
         "client -> server through the sidecars\n{}",
         m.logs()
     );
-    let xfcc = m
-        .app
-        .last_headers()
-        .get("x-forwarded-client-cert")
-        .cloned()
-        .unwrap_or_default();
+    let xfcc = m.xfcc();
     assert!(
         xfcc.contains(&format!("URI={CLIENT_ID}")),
         "the server sidecar saw the client's certificate: {xfcc:?}"
@@ -252,7 +235,7 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
     });
     assert!(to_ambient, "sidecar -> ambient\n{}", m.logs());
     assert!(
-        ztunnel_saw(&m.cluster, "node2", CLIENT_ID),
+        m.cluster.node("node2").ztunnel.saw_inbound_from(CLIENT_ID),
         "the ambient pod's ztunnel saw the sidecar's identity\n{}",
         m.logs()
     );
@@ -263,12 +246,7 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
         get(&m.amb_client.netns, vip()).is_some_and(|r| r.status == 200 && r.body == "server")
     });
     assert!(from_ambient, "ambient -> sidecar\n{}", m.logs());
-    let xfcc = m
-        .app
-        .last_headers()
-        .get("x-forwarded-client-cert")
-        .cloned()
-        .unwrap_or_default();
+    let xfcc = m.xfcc();
     assert!(
         xfcc.contains(&format!("URI={AMBIENT_CLIENT_ID}")),
         "the server sidecar saw the ambient client's identity: {xfcc:?}\n{}",

@@ -156,15 +156,8 @@ fn rbac_denied(wp: &Waypoint) -> u64 {
 }
 
 /// Polls `f` for up to 20 s.
-fn eventually(mut f: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(20) {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    f()
+fn eventually(f: impl FnMut() -> bool) -> bool {
+    mesh_testutil::eventually_blocking(Duration::from_secs(20), Duration::from_millis(200), f)
 }
 
 /// The sum of `istio_requests_total` samples having every one of `labels`.
@@ -192,15 +185,7 @@ fn tally(netns: &Netns, n: usize, headers: &[(&str, &str)]) -> (usize, usize, us
 
 /// Inbound connections the server-side ztunnel reported from `principal`.
 fn seen_from(c: &MeshCluster, principal: &str) -> bool {
-    c.node("node2")
-        .ztunnel
-        .metrics()
-        .lines()
-        .filter(|l| l.starts_with("istio_tcp_connections_opened_total"))
-        .any(|l| {
-            l.contains("reporter=\"destination\"")
-                && l.contains(&format!("source_principal=\"{principal}\""))
-        })
+    c.node("node2").ztunnel.saw_inbound_from(principal)
 }
 
 const SPLIT: &str = "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata:\n  name: split\n  namespace: demo\nspec:\n  parentRefs:\n  - group: \"\"\n    kind: Service\n    name: server\n    port: 80\n  rules:\n  - matches:\n    - path:\n        type: PathPrefix\n        value: /status\n    retry:\n      attempts: 2\n      codes: [503]\n    backendRefs:\n    - name: server-v1\n      port: 80\n  - matches:\n    - path:\n        type: PathPrefix\n        value: /timed\n    timeouts:\n      request: 1s\n    backendRefs:\n    - name: server-v1\n      port: 80\n  - matches:\n    - headers:\n      - name: x-canary\n        value: \"true\"\n    backendRefs:\n    - name: server-v2\n      port: 80\n  - backendRefs:\n    - name: server-v1\n      port: 80\n      weight: 90\n    - name: server-v2\n      port: 80\n      weight: 10\n";

@@ -31,4 +31,4 @@ pub use memory_snapshot::MemorySnapshot;
 pub use netns::{Netns, NetnsError, TestNet};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};
 pub use pki::TestPki;
-pub use wait::{eventually, eventually_async};
+pub use wait::{eventually, eventually_async, eventually_blocking};

@@ -35,3 +35,16 @@ where
         tokio::time::sleep(POLL).await;
     }
 }
+
+/// The blocking form for tests that run on plain threads: polls `f` every `poll` until it
+/// holds or `within` has passed, then checks once more; whether it held.
+pub fn eventually_blocking(within: Duration, poll: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(poll);
+    }
+    f()
+}

@@ -368,24 +368,7 @@ fn http_chain_filter(
         (svc_routes.jwt.iter()).map(|config| http_filter(super::jwt::JWT_FILTER, pack(config)));
     let rbac = (svc_routes.rbac.iter()).map(|(name, config)| http_filter(name, pack(config)));
     let mut http_filters: Vec<HttpFilter> = jwt.chain(rbac).collect();
-    let faults = route_config
-        .virtual_hosts
-        .iter()
-        .flat_map(|v| &v.routes)
-        .any(|r| {
-            r.typed_per_filter_config
-                .contains_key(super::virtual_service::FAULT_FILTER)
-        });
-    if faults {
-        // Empty here; each route's faults are its per-filter config.
-        let config =
-            mesh_proto::envoy::pb::envoy::extensions::filters::http::fault::v3::HttpFault::default(
-            );
-        http_filters.push(http_filter(
-            super::virtual_service::FAULT_FILTER,
-            pack(&config),
-        ));
-    }
+    http_filters.extend(fault_filter(&route_config.virtual_hosts));
     http_filters.push(router());
     let hcm = HttpConnectionManager {
         stat_prefix: cluster.to_string(),
@@ -400,6 +383,21 @@ fn http_chain_filter(
         ..HttpConnectionManager::default()
     };
     network_filter("envoy.filters.network.http_connection_manager", pack(&hcm))
+}
+
+/// The fault filter, when a route of `hosts` injects faults: empty here, each route's faults
+/// are its per-filter config.
+pub(super) fn fault_filter(hosts: &[VirtualHost]) -> Option<HttpFilter> {
+    let faults = hosts.iter().flat_map(|v| &v.routes).any(|r| {
+        r.typed_per_filter_config
+            .contains_key(super::virtual_service::FAULT_FILTER)
+    });
+    faults.then(|| {
+        let config =
+            mesh_proto::envoy::pb::envoy::extensions::filters::http::fault::v3::HttpFault::default(
+            );
+        http_filter(super::virtual_service::FAULT_FILTER, pack(&config))
+    })
 }
 
 pub(super) fn connect_originate() -> Listener {

@@ -233,12 +233,14 @@ fn peer_modes(
     };
     let root = cfg.root_namespace.as_str();
     let mesh = oldest(all(root).into_iter().filter(|p| pa_selector(p).is_none()));
+    let local = all(ns);
     let namespace = (ns != root)
-        .then(|| oldest(all(ns).into_iter().filter(|p| pa_selector(p).is_none())))
+        .then(|| oldest(local.iter().copied().filter(|p| pa_selector(p).is_none())))
         .flatten();
     let workload = oldest(
-        all(ns)
-            .into_iter()
+        local
+            .iter()
+            .copied()
             .filter(|p| pa_selector(p).is_some_and(|s| selector_matches(s, Some(labels)))),
     );
     let mut mode = PeerMode::Permissive;

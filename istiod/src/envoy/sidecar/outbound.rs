@@ -21,7 +21,7 @@ use mesh_proto::type_url;
 use super::super::any::{ads_source, bool_value, duration, pack, u32_value};
 use super::super::inputs::{BoundService, Flavor, Protocol, ServicePort, WaypointInputs};
 use super::super::listeners::{
-    connect_originate, http_filter, network_filter, router, socket_address, tcp_chain_filter,
+    connect_originate, fault_filter, network_filter, router, socket_address, tcp_chain_filter,
 };
 use super::super::routes::{default_route, RouteError, ServiceRoutes};
 use super::super::{clusters, destination_rule, names};
@@ -120,7 +120,7 @@ pub(super) fn generate(inputs: &WaypointInputs, out: &mut Builder, errors: &mut 
             ..RouteConfiguration::default()
         };
         out.put(type_url::ROUTE, &name, &rc);
-        let listener = http_listener(port, inputs);
+        let listener = http_listener(port, &rc.virtual_hosts, &inputs.access_log_file);
         out.put(type_url::LISTENER, &listener.name.clone(), &listener);
     }
 }
@@ -162,22 +162,8 @@ fn domains(inputs: &WaypointInputs, svc: &BoundService, port: u16) -> Vec<String
 }
 
 /// `0.0.0.0_<port>`: reached from `virtualOutbound` (not bound itself), HTTP with routes `<port>`.
-fn http_listener(port: u16, inputs: &WaypointInputs) -> Listener {
-    let faults = inputs.services.iter().any(|s| {
-        s.virtual_services
-            .iter()
-            .any(|v| v.spec.http.iter().any(|h| h.fault.is_some()))
-    });
-    let mut http_filters = Vec::new();
-    if faults {
-        let config =
-            mesh_proto::envoy::pb::envoy::extensions::filters::http::fault::v3::HttpFault::default(
-            );
-        http_filters.push(http_filter(
-            super::super::virtual_service::FAULT_FILTER,
-            pack(&config),
-        ));
-    }
+fn http_listener(port: u16, hosts: &[VirtualHost], access_log_file: &str) -> Listener {
+    let mut http_filters: Vec<_> = fault_filter(hosts).into_iter().collect();
     http_filters.push(router());
     let hcm = HttpConnectionManager {
         stat_prefix: format!("outbound_0.0.0.0_{port}"),
@@ -190,7 +176,7 @@ fn http_listener(port: u16, inputs: &WaypointInputs) -> Listener {
         normalize_path: Some(bool_value(true)),
         stream_idle_timeout: Some(duration(Duration::ZERO)),
         access_log: super::super::telemetry::sidecar_access_logs(
-            &inputs.access_log_file,
+            access_log_file,
             "source",
             "unknown",
             None,
