@@ -223,11 +223,7 @@ fn hbone_inbound(chains: &mut Chains<'_>, out: &mut Builder) {
             ..FilterChain::default()
         });
     }
-    let mut passthrough = chains.tcp_rbac.clone();
-    passthrough.push(tcp_chain_filter(
-        names::INBOUND_PASSTHROUGH_CLUSTER,
-        tcp_proxy::ClusterSpecifier::Cluster(names::INBOUND_PASSTHROUGH_CLUSTER.to_string()),
-    ));
+    let passthrough = chains.tcp_filters(names::INBOUND_PASSTHROUGH_CLUSTER);
     chains.chains.push(FilterChain {
         name: names::INBOUND_PASSTHROUGH_CLUSTER.to_string(),
         filters: passthrough,
@@ -263,6 +259,11 @@ impl Chains<'_> {
         if port.protocol != Protocol::Tcp {
             return vec![self.hcm(port.port, port.service.as_deref(), cluster, peer)];
         }
+        self.tcp_filters(cluster)
+    }
+
+    /// A TCP chain's filters: the network RBAC filters, then a TCP proxy to `cluster`.
+    fn tcp_filters(&self, cluster: &str) -> Vec<Filter> {
         let mut f = self.tcp_rbac.clone();
         f.push(tcp_chain_filter(
             cluster,
@@ -295,16 +296,8 @@ impl Chains<'_> {
 
     /// Undeclared ports: straight to the application, as the workload's mode allows.
     fn passthrough(&mut self) {
-        let filters = |_mtls: bool, this: &Chains<'_>| {
-            let mut f = this.tcp_rbac.clone();
-            f.push(tcp_chain_filter(
-                names::INBOUND_PASSTHROUGH_CLUSTER,
-                tcp_proxy::ClusterSpecifier::Cluster(
-                    names::INBOUND_PASSTHROUGH_CLUSTER.to_string(),
-                ),
-            ));
-            f
-        };
+        let filters =
+            |_mtls: bool, this: &Chains<'_>| this.tcp_filters(names::INBOUND_PASSTHROUGH_CLUSTER);
         self.by_mode(self.inputs.mode, None, "virtualInbound", &[], &filters);
     }
 
