@@ -135,6 +135,11 @@ pub struct Config {
     #[arg(long, env = "ACCESS_LOG_FILE", default_value = "")]
     pub access_log_file: String,
 
+    /// Sidecars send destinations outside the registry to the black hole: set only by the mesh
+    /// config's `outboundTrafficPolicy.mode: REGISTRY_ONLY` (ALLOW_ANY otherwise).
+    #[arg(skip)]
+    pub outbound_registry_only: bool,
+
     /// Sidecars reach endpoints that take HBONE (ambient pods) through HBONE with their own
     /// identity (Istio's flag of this name; on, as with ambient enabled).
     #[arg(long, env = "PILOT_ENABLE_SENDING_HBONE", default_value_t = true, action = clap::ArgAction::Set)]

@@ -1,7 +1,8 @@
 //! Istio's mesh config on Kubernetes: the ConfigMap `istio` (`istio-<revision>` for another
 //! revision) in istiod's namespace, whose `mesh` key holds MeshConfig as YAML (the install
 //! renders it from `meshConfig` values). istiod reads the fields its model uses —
-//! `trustDomain`, `rootNamespace`, `accessLogFile` — over its flags, at start and whenever the
+//! `trustDomain`, `rootNamespace`, `accessLogFile`, `outboundTrafficPolicy.mode` — over its
+//! flags, at start and whenever the
 //! ConfigMap changes. A change is applied without a restart, except the trust domain, which
 //! the CA signs for and which takes effect at the next start. A `mesh` that does not parse is
 //! logged naming the ConfigMap and the problem, and the last good config stays.
@@ -29,6 +30,17 @@ pub struct MeshConfig {
     pub root_namespace: Option<String>,
     #[serde(default)]
     pub access_log_file: Option<String>,
+    #[serde(default)]
+    pub outbound_traffic_policy: Option<MeshOutboundTrafficPolicy>,
+}
+
+/// `outboundTrafficPolicy` of MeshConfig: only its mode is read.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeshOutboundTrafficPolicy {
+    /// `REGISTRY_ONLY` or `ALLOW_ANY` (unset: ALLOW_ANY, the mesh default).
+    #[serde(default)]
+    pub mode: Option<mesh_api::OutboundTrafficMode>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +91,11 @@ impl MeshConfig {
                 .access_log_file
                 .clone()
                 .unwrap_or_else(|| base.access_log_file.clone()),
+            outbound_registry_only: match self.outbound_traffic_policy.as_ref().and_then(|p| p.mode)
+            {
+                Some(mode) => mode == mesh_api::OutboundTrafficMode::RegistryOnly,
+                None => base.outbound_registry_only,
+            },
             ..base.clone()
         }
     }
@@ -183,6 +200,19 @@ mod tests {
             cfg.root_namespace, base.root_namespace,
             "not given: the flag"
         );
+        assert!(!cfg.outbound_registry_only, "not given: ALLOW_ANY");
+        let registry_only = MeshConfig::from_configmap(
+            &cm("outboundTrafficPolicy:\n  mode: REGISTRY_ONLY\n"),
+            "istio-system/istio",
+        )
+        .expect("parses");
+        assert!(registry_only.over(&base).outbound_registry_only);
+        let bad = MeshConfig::from_configmap(
+            &cm("outboundTrafficPolicy:\n  mode: SOMETIMES\n"),
+            "istio-system/istio",
+        )
+        .expect_err("not a mode");
+        assert!(bad.to_string().contains("SOMETIMES"), "{bad}");
         let cfg = MeshConfig::from_configmap(&ConfigMap::default(), "x")
             .expect("no data")
             .over(&base);

@@ -24,6 +24,7 @@ mod debug;
 mod endpoint_slice;
 mod peer_auth;
 mod service;
+mod sidecar_scope;
 mod sidecars;
 mod snapshot;
 mod state;
@@ -65,6 +66,9 @@ pub struct ModelConfig {
     /// Sidecars of pods labelled `networking.istio.io/tunnel: http` accept HBONE on 15008
     /// (`PILOT_ENABLE_SIDECAR_LISTENING_HBONE`).
     pub sidecar_listening_hbone: bool,
+    /// Sidecars send destinations outside the registry to the black hole (mesh config
+    /// `outboundTrafficPolicy.mode: REGISTRY_ONLY`; Istio's default is ALLOW_ANY).
+    pub outbound_registry_only: bool,
 }
 
 impl Default for ModelConfig {
@@ -78,6 +82,7 @@ impl Default for ModelConfig {
             access_log_file: String::new(),
             sending_hbone: true,
             sidecar_listening_hbone: true,
+            outbound_registry_only: false,
         }
     }
 }

@@ -575,6 +575,7 @@ fn model_config(config: &Config) -> ModelConfig {
         network: config.network.clone(),
         sending_hbone: config.enable_sending_hbone,
         sidecar_listening_hbone: config.enable_sidecar_listening_hbone,
+        outbound_registry_only: config.outbound_registry_only,
     }
 }
 
@@ -606,6 +607,7 @@ async fn apply_mesh_config(client: &kube::Client, config: &mut Config) {
     config.trust_domain = cfg.trust_domain;
     config.root_namespace = cfg.root_namespace;
     config.access_log_file = cfg.access_log_file;
+    config.outbound_registry_only = cfg.outbound_registry_only;
 }
 
 /// Accepted connections with TCP_NODELAY (small xDS deltas must not wait for Nagle) and TCP

@@ -122,8 +122,9 @@ pub fn validate(object: &Value) -> Result<(), String> {
     }
     match Object::from_value(object.clone()) {
         Ok(Object::RequestAuthentication(ra)) => crate::envoy::validate_request_authentication(&ra),
+        Ok(Object::Sidecar(sc)) => crate::envoy::sidecar::validate_sidecar(&sc),
         Ok(_) => Ok(()),
-        // A kind of these groups the mesh does not read (Sidecar, EnvoyFilter, ...).
+        // A kind of these groups the mesh does not read (EnvoyFilter, Telemetry, ...).
         Err(mesh_api::ApiError::UnsupportedKind { .. }) => Ok(()),
         Err(e) => Err(e.to_string()),
     }
@@ -191,7 +192,7 @@ mod tests {
         assert_eq!(answer["response"]["allowed"], true);
         for other in [
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}),
-            json!({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "x"}}),
+            json!({"apiVersion": "networking.istio.io/v1", "kind": "EnvoyFilter", "metadata": {"name": "x"}}),
         ] {
             assert_eq!(
                 review(&admission(other, "CREATE")).expect("review")["response"]["allowed"],
@@ -257,6 +258,95 @@ mod tests {
             (
                 json!({"jwtRules": [{"issuer": "i", "timeout": "-1s"}]}),
                 "timeout",
+            ),
+        ] {
+            let (allowed, message) = verdict(spec.clone());
+            assert!(!allowed && message.contains(needle), "{spec}: {message}");
+        }
+    }
+
+    #[test]
+    fn sidecars_are_checked_as_istio_checks_them() {
+        let verdict = |spec: Value| {
+            let sc = json!({"apiVersion": "networking.istio.io/v1beta1", "kind": "Sidecar",
+                "metadata": {"name": "default", "namespace": "shop"}, "spec": spec});
+            let answer = review(&admission(sc, "CREATE")).expect("review");
+            let message = answer["response"]["status"]["message"]
+                .as_str()
+                .map(str::to_string);
+            (
+                answer["response"]["allowed"] == true,
+                message.unwrap_or_default(),
+            )
+        };
+        let good = verdict(json!({
+            "workloadSelector": {"labels": {"app": "sleep"}},
+            "ingress": [{"port": {"number": 9080, "protocol": "HTTP", "name": "http"},
+                         "defaultEndpoint": "127.0.0.1:8080"}],
+            "egress": [{"port": {"number": 9000, "protocol": "TCP"}, "hosts": ["./*"]},
+                       {"hosts": ["istio-system/*", "*/*.example.com", "~/*"]}],
+            "outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}}));
+        assert!(good.0, "{}", good.1);
+        for (spec, needle) in [
+            (json!({}), "empty configuration provided"),
+            (
+                json!({"egress": [{"hosts": ["reviews"]}]}),
+                "must be of form namespace/dnsName",
+            ),
+            (
+                json!({"egress": [{"hosts": ["shop/reviews"]}]}),
+                "short names",
+            ),
+            (
+                json!({"egress": [{"hosts": ["Shop/*"]}]}),
+                "invalid namespace value",
+            ),
+            (
+                json!({"egress": [{"hosts": ["./re*.shop.svc"]}]}),
+                "partial wildcard",
+            ),
+            (json!({"egress": [{"hosts": []}]}), "at least one host"),
+            (
+                json!({"egress": [{"hosts": ["*/*"]}, {"port": {"number": 80}, "hosts": ["*/*"]}]}),
+                "should be the last listener",
+            ),
+            (
+                json!({"egress": [{"port": {"number": 80}, "hosts": ["*/*"]},
+                                  {"port": {"number": 80}, "hosts": ["./*"]}]}),
+                "must be unique",
+            ),
+            (
+                json!({"egress": [{"port": {"number": 0}, "hosts": ["*/*"]}]}),
+                "unix domain socket bind",
+            ),
+            (
+                json!({"ingress": [{"port": {"number": 0}}]}),
+                "between 1 and 65535",
+            ),
+            (
+                json!({"ingress": [{"port": {"number": 80}, "defaultEndpoint": "10.0.0.1:80"}]}),
+                "defaultEndpoint must be of form",
+            ),
+            (
+                json!({"ingress": [{"port": {"number": 80}, "defaultEndpoint": "127.0.0.1:http"}]}),
+                "is not a number",
+            ),
+            (
+                json!({"ingress": [{"port": {"number": 80, "targetPort": 8080}}]}),
+                "targetPort has no impact",
+            ),
+            (
+                json!({"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY",
+                       "egressProxy": {"host": "proxy.example.com", "port": {"number": 3128}}}}),
+                "egress_proxy must be set only with ALLOW_ANY",
+            ),
+            (
+                json!({"workloadSelector": {"labels": {"app": "*"}}, "egress": [{"hosts": ["*/*"]}]}),
+                "wildcard is not supported",
+            ),
+            (
+                json!({"outboundTrafficPolicy": {"mode": "SOMETIMES"}}),
+                "outboundTrafficPolicy.mode",
             ),
         ] {
             let (allowed, message) = verdict(spec.clone());

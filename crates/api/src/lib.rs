@@ -13,6 +13,7 @@ mod istio;
 mod labels;
 mod object;
 mod pod;
+mod sidecar;
 mod virtual_service;
 
 pub use destination_rule::*;
@@ -27,6 +28,7 @@ pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use labels::{label, selector_matches};
 pub use object::{Kind, Object, ObjectKey};
 pub use pod::pod_service_account;
+pub use sidecar::*;
 pub use virtual_service::*;
 
 #[cfg(test)]

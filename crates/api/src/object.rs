@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     ApiError, AuthorizationPolicy, Deployment, DestinationRule, EndpointSlice, Gateway,
     GatewayClass, GrpcRoute, HttpRoute, Namespace, Node, ObjectMeta, PeerAuthentication, Pod,
-    RequestAuthentication, Service, ServiceAccount, ServiceEntry, TcpRoute, VirtualService,
-    WorkloadEntry,
+    RequestAuthentication, Service, ServiceAccount, ServiceEntry, Sidecar, TcpRoute,
+    VirtualService, WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -33,11 +33,12 @@ pub enum Kind {
     Node,
     EndpointSlice,
     RequestAuthentication,
+    Sidecar,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 19] = [
+    pub const ALL: [Kind; 20] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -57,6 +58,7 @@ impl Kind {
         Kind::Node,
         Kind::EndpointSlice,
         Kind::RequestAuthentication,
+        Kind::Sidecar,
     ];
 
     /// Every kind with its `apiVersion`, for messages (`v1 Namespace, v1 Pod, ...`).
@@ -90,6 +92,7 @@ impl Kind {
             Kind::Node => "Node",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::RequestAuthentication => "RequestAuthentication",
+            Kind::Sidecar => "Sidecar",
         }
     }
 
@@ -102,7 +105,8 @@ impl Kind {
             Kind::ServiceEntry
             | Kind::WorkloadEntry
             | Kind::VirtualService
-            | Kind::DestinationRule => "networking.istio.io",
+            | Kind::DestinationRule
+            | Kind::Sidecar => "networking.istio.io",
             Kind::AuthorizationPolicy | Kind::PeerAuthentication | Kind::RequestAuthentication => {
                 "security.istio.io"
             }
@@ -209,6 +213,7 @@ pub enum Object {
     Node(Box<Node>),
     EndpointSlice(Box<EndpointSlice>),
     RequestAuthentication(Box<RequestAuthentication>),
+    Sidecar(Box<Sidecar>),
 }
 
 impl Object {
@@ -233,6 +238,7 @@ impl Object {
             Object::Node(_) => Kind::Node,
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::RequestAuthentication(_) => Kind::RequestAuthentication,
+            Object::Sidecar(_) => Kind::Sidecar,
         }
     }
 
@@ -257,6 +263,7 @@ impl Object {
             Object::Node(o) => &o.metadata,
             Object::EndpointSlice(o) => &o.metadata,
             Object::RequestAuthentication(o) => &o.metadata,
+            Object::Sidecar(o) => &o.metadata,
         }
     }
 
@@ -312,6 +319,7 @@ impl Object {
             Kind::RequestAuthentication => {
                 Object::RequestAuthentication(decode(kind, &name, value)?)
             }
+            Kind::Sidecar => Object::Sidecar(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -368,6 +376,7 @@ impl Object {
             Object::Node(o) => &mut o.metadata,
             Object::EndpointSlice(o) => &mut o.metadata,
             Object::RequestAuthentication(o) => &mut o.metadata,
+            Object::Sidecar(o) => &mut o.metadata,
         }
     }
 }

@@ -584,6 +584,7 @@ const ISTIOD_CALLS: &[(&str, &str, &str)] = &[
     ("networking.istio.io", "workloadentries", "list"),
     ("networking.istio.io", "virtualservices", "watch"),
     ("networking.istio.io", "destinationrules", "watch"),
+    ("networking.istio.io", "sidecars", "watch"),
     ("networking.istio.io", "gateways", "create"),
     ("security.istio.io", "authorizationpolicies", "watch"),
     ("security.istio.io", "peerauthentications", "list"),

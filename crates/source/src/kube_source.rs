@@ -120,6 +120,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::Node => "nodes",
         Kind::EndpointSlice => "endpointslices",
         Kind::RequestAuthentication => "requestauthentications",
+        Kind::Sidecar => "sidecars",
     }
 }
 

@@ -217,6 +217,7 @@ pub fn mesh_crd_types() -> Vec<ResourceType> {
         istio("networking.istio.io", "workloadentries", "WorkloadEntry"),
         istio("networking.istio.io", "virtualservices", "VirtualService"),
         istio("networking.istio.io", "destinationrules", "DestinationRule"),
+        istio("networking.istio.io", "sidecars", "Sidecar"),
         istio(
             "security.istio.io",
             "authorizationpolicies",

@@ -31,6 +31,7 @@ impl Snapshot<'_> {
         self.ambient_pods_with_sidecars(&mut out);
         self.namespaces_with_both_modes(&mut out);
         self.missing_waypoints(&mut out);
+        self.sidecar_selectors(&mut out);
         out
     }
 
@@ -222,6 +223,75 @@ impl Snapshot<'_> {
                 out.push(codes::REFERENCED_RESOURCE_NOT_FOUND.message(
                     Some(self.origin(file, object)),
                     format!("Referenced gateway not found: \"{wp_ns}/{waypoint}\""),
+                ));
+            }
+        }
+    }
+}
+
+/// An object, its file and its name.
+type Named<'a> = (&'a PathBuf, &'a Object, &'a str);
+
+impl Snapshot<'_> {
+    /// Sidecar resources as upstream's `sidecar.SelectorAnalyzer` checks them: IST0101 for a
+    /// `workloadSelector` matching no pod of the namespace, IST0111 for several Sidecars
+    /// without a selector in one namespace, IST0110 for several selecting the same pod (istiod
+    /// then takes the oldest).
+    fn sidecar_selectors(&self, out: &mut Vec<Message>) {
+        let mut selectorless: BTreeMap<&str, Vec<Named<'_>>> = BTreeMap::new();
+        // Pod (namespace, name) -> the Sidecars selecting it.
+        let mut by_pod: BTreeMap<(&str, &str), Vec<Named<'_>>> = BTreeMap::new();
+        for (file, object) in self.objects {
+            let Object::Sidecar(sc) = &**object else {
+                continue;
+            };
+            let ns = sc.metadata.namespace.as_deref().unwrap_or("default");
+            let name = sc.metadata.name.as_deref().unwrap_or_default();
+            let Some(selector) = sc.spec.workload_selector.as_ref().map(|w| &w.labels) else {
+                selectorless
+                    .entry(ns)
+                    .or_default()
+                    .push((file, object, name));
+                continue;
+            };
+            let mut found = false;
+            for p in self.pods() {
+                if p.metadata.namespace.as_deref().unwrap_or("default") == ns
+                    && selector_matches(selector, p.metadata.labels.as_ref())
+                {
+                    found = true;
+                    let pod = p.metadata.name.as_deref().unwrap_or_default();
+                    by_pod
+                        .entry((ns, pod))
+                        .or_default()
+                        .push((file, object, name));
+                }
+            }
+            if !found {
+                out.push(codes::REFERENCED_RESOURCE_NOT_FOUND.message(
+                    Some(self.origin(file, object)),
+                    format!(
+                        "Referenced selector not found: \"{}\"",
+                        selector_string(selector)
+                    ),
+                ));
+            }
+        }
+        for (ns, list) in selectorless.into_iter().filter(|(_, l)| l.len() > 1) {
+            let names: Vec<&str> = list.iter().map(|(_, _, n)| *n).collect();
+            for (file, object, _) in &list {
+                out.push(codes::MULTIPLE_SIDECARS_WITHOUT_WORKLOAD_SELECTORS.message(
+                    Some(self.origin(file, object)),
+                    format!("The Sidecars [{}] in namespace \"{ns}\" have no workload selector, which can lead to undefined behavior.", names.join(" ")),
+                ));
+            }
+        }
+        for ((ns, pod), list) in by_pod.into_iter().filter(|(_, l)| l.len() > 1) {
+            let names: Vec<&str> = list.iter().map(|(_, _, n)| *n).collect();
+            for (file, object, _) in &list {
+                out.push(codes::CONFLICTING_SIDECAR_WORKLOAD_SELECTORS.message(
+                    Some(self.origin(file, object)),
+                    format!("The Sidecars [{}] in namespace \"{ns}\" select the same workload pod \"{pod}\", which can lead to undefined behavior.", names.join(" ")),
                 ));
             }
         }

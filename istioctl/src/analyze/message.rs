@@ -49,6 +49,16 @@ pub mod codes {
         name: "SchemaValidationError",
         level: Level::Error,
     };
+    pub const CONFLICTING_SIDECAR_WORKLOAD_SELECTORS: MessageType = MessageType {
+        code: "IST0110",
+        name: "ConflictingSidecarWorkloadSelectors",
+        level: Level::Error,
+    };
+    pub const MULTIPLE_SIDECARS_WITHOUT_WORKLOAD_SELECTORS: MessageType = MessageType {
+        code: "IST0111",
+        name: "MultipleSidecarsWithoutWorkloadSelectors",
+        level: Level::Error,
+    };
     pub const NAMESPACE_MULTIPLE_INJECTION_LABELS: MessageType = MessageType {
         code: "IST0123",
         name: "NamespaceMultipleInjectionLabels",

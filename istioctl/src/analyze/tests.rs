@@ -271,3 +271,73 @@ fn structured_output_has_upstream_keys() {
         "{yaml}"
     );
 }
+
+#[test]
+fn sidecar_resources_selecting_nothing_or_the_same_pods() {
+    let sidecars = "\
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata:
+  name: default
+  namespace: demo
+spec:
+  egress:
+  - hosts: [\"./*\"]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata:
+  name: default-2
+  namespace: demo
+spec:
+  egress:
+  - hosts: [\"./*\"]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata:
+  name: server
+  namespace: demo
+spec:
+  workloadSelector:
+    labels:
+      app: server
+  egress:
+  - hosts: [\"./*\"]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata:
+  name: server-again
+  namespace: demo
+spec:
+  workloadSelector:
+    labels:
+      app: server
+  egress:
+  - hosts: [\"./*\"]
+---
+apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata:
+  name: gone
+  namespace: demo
+spec:
+  workloadSelector:
+    labels:
+      app: gone
+  egress:
+  - hosts: [\"./*\"]
+";
+    let dir = dir_with(&[("app.yaml", CLEAN), ("sidecars.yaml", sidecars)]);
+    assert_eq!(
+        lines(&dir),
+        [
+            "Error [IST0111] (Sidecar demo/default DIR/sidecars.yaml:1) The Sidecars [default default-2] in namespace \"demo\" have no workload selector, which can lead to undefined behavior.",
+            "Error [IST0111] (Sidecar demo/default-2 DIR/sidecars.yaml:10) The Sidecars [default default-2] in namespace \"demo\" have no workload selector, which can lead to undefined behavior.",
+            "Error [IST0110] (Sidecar demo/server DIR/sidecars.yaml:19) The Sidecars [server server-again] in namespace \"demo\" select the same workload pod \"server\", which can lead to undefined behavior.",
+            "Error [IST0110] (Sidecar demo/server-again DIR/sidecars.yaml:31) The Sidecars [server server-again] in namespace \"demo\" select the same workload pod \"server\", which can lead to undefined behavior.",
+            "Error [IST0101] (Sidecar demo/gone DIR/sidecars.yaml:43) Referenced selector not found: \"app=gone\"",
+        ]
+    );
+}

@@ -108,18 +108,25 @@ pub fn service_cluster(
 /// A STATIC cluster whose one endpoint is the internal listener `listener`.
 pub(super) fn internal_static(name: &str, listener: &str) -> Cluster {
     Cluster {
+        transport_socket: Some(internal_upstream(false)),
+        ..static_cluster(name, internal_address(listener, ""))
+    }
+}
+
+/// A STATIC cluster whose one endpoint is `address`.
+pub(super) fn static_cluster(name: &str, address: Address) -> Cluster {
+    Cluster {
         name: name.to_string(),
         cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
         connect_timeout: Some(duration(CONNECT_TIMEOUT)),
         load_assignment: Some(ClusterLoadAssignment {
             cluster_name: name.to_string(),
             endpoints: vec![LocalityLbEndpoints {
-                lb_endpoints: vec![lb_endpoint(internal_address(listener, ""), None)],
+                lb_endpoints: vec![lb_endpoint(address, None)],
                 ..LocalityLbEndpoints::default()
             }],
             ..ClusterLoadAssignment::default()
         }),
-        transport_socket: Some(internal_upstream(false)),
         ..Cluster::default()
     }
 }
@@ -206,7 +213,7 @@ fn port_cluster(
     let policy = ClusterPolicy::resolve(svc.destination_rule.as_deref(), subset, port.port);
     match inputs.flavor {
         Flavor::Waypoint => cluster.transport_socket = Some(internal_upstream(true)),
-        Flavor::Sidecar { send_hbone } => sidecar_transport(
+        Flavor::Sidecar { send_hbone, .. } => sidecar_transport(
             &mut cluster,
             inputs,
             (svc, port),
@@ -309,7 +316,7 @@ fn load_assignment(
                     internal_address(names::CONNECT_ORIGINATE, &id),
                     original_dst_entry(&id),
                 ),
-                Flavor::Sidecar { send_hbone } if send_hbone && e.hbone && !e.sidecar => (
+                Flavor::Sidecar { send_hbone, .. } if send_hbone && e.hbone && !e.sidecar => (
                     internal_address(names::CONNECT_ORIGINATE, &id),
                     original_dst_entry(&id),
                 ),

@@ -164,8 +164,12 @@ pub enum Flavor {
     #[default]
     Waypoint,
     /// A sidecar's outbound side: `outbound|<port>|<subset>|<host>`, reached directly, or
-    /// with `send_hbone` through HBONE where the endpoint takes it and has no sidecar.
-    Sidecar { send_hbone: bool },
+    /// with `send_hbone` through HBONE where the endpoint takes it and has no sidecar;
+    /// `registry_only`: destinations it has no configuration for reach the black hole.
+    Sidecar {
+        send_hbone: bool,
+        registry_only: bool,
+    },
 }
 
 /// Everything one waypoint's configuration depends on (or, with [`Flavor::Sidecar`], the

@@ -13,6 +13,7 @@
 
 mod inbound;
 mod outbound;
+mod scope;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,7 +22,8 @@ use mesh_proto::type_url;
 use mesh_xds::{Resource, ResourceMap};
 use serde::Serialize;
 
-pub use inbound::{InboundPort, PeerMode, SidecarInputs};
+pub use inbound::{InboundEndpoint, InboundPort, PeerMode, SidecarInputs};
+pub use scope::{validate_sidecar, IngressEndpoint, IngressPort, SidecarScope};
 
 use super::inputs::WaypointInputs;
 use super::routes::RouteError;
@@ -47,6 +49,12 @@ pub enum SidecarError {
         policy: String,
         port: u16,
         workload: String,
+    },
+    #[error("Sidecar {sidecar}: {field}: {problem}")]
+    Resource {
+        sidecar: String,
+        field: String,
+        problem: String,
     },
 }
 

@@ -1,13 +1,14 @@
 //! Each sidecar's Envoy configuration.
 //!
 //! A sidecar is a pod whose `sidecar.istio.io/status` annotation says it was injected. Its
-//! outbound side (every service, with the DestinationRules its namespace sees) is generated
-//! once per namespace and shared; its inbound side (its ports, PeerAuthentication mode,
+//! outbound side (the services its `Sidecar` resource imports, every one by default, with the
+//! DestinationRules its namespace sees) is generated once per namespace and Sidecar and shared; its inbound side (its ports, PeerAuthentication mode,
 //! AuthorizationPolicies and RequestAuthentications selecting it) per pod. Any change marks the
 //! sidecars for regeneration (while there are any); a sidecar whose resources come out the same
 //! keeps its previous value, so its proxies get no push.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use mesh_api::{selector_matches, Kind, MtlsMode, Object, ObjectKey, PeerAuthentication};
@@ -19,11 +20,15 @@ use super::peer_auth::{oldest, pa_selector};
 use super::state::{meta_labels, State};
 use super::waypoints::{pick_authn, pick_authz, WaypointIndex};
 use super::workload::pod_uid;
-use super::ModelConfig;
+use super::{sidecar_scope, ModelConfig};
 use crate::envoy::sidecar::{
-    generate_outbound, generate_sidecar, InboundPort, PeerMode, SidecarInputs, SidecarKey,
+    generate_outbound, generate_sidecar, InboundEndpoint, InboundPort, IngressEndpoint,
+    IngressPort, PeerMode, SidecarError, SidecarInputs, SidecarKey, SidecarScope,
 };
-use crate::envoy::{Attached, Flavor, Protocol, ProxyResources, WaypointInputs, WaypointKey};
+use crate::envoy::{
+    Attached, BoundService, Flavor, Protocol, ProxyResources, RouteError, WaypointInputs,
+    WaypointKey,
+};
 
 /// The annotation the injector writes on every pod it gives a sidecar.
 pub(crate) const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
@@ -36,8 +41,8 @@ pub(crate) struct SidecarIndex {
     /// Pods with a sidecar.
     pods: BTreeSet<SidecarKey>,
     dirty: bool,
-    /// The outbound side by namespace, as last generated.
-    outbound: HashMap<String, Arc<ProxyResources>>,
+    /// The outbound side by namespace and Sidecar resource, as last generated.
+    outbound: HashMap<OutboundKey, Arc<ProxyResources>>,
     pub views: SidecarViews,
 }
 
@@ -82,9 +87,27 @@ impl SidecarIndex {
         if !std::mem::take(&mut self.dirty) {
             return;
         }
-        let namespaces: BTreeSet<&str> = self.pods.iter().map(|k| k.namespace.as_str()).collect();
+        // The Sidecar resource in force for each pod; pods under the same one share their
+        // outbound side.
+        let mut scopes: BTreeMap<OutboundKey, (SidecarScope, Vec<SidecarError>)> = BTreeMap::new();
+        let mut pods: Vec<(&SidecarKey, OutboundKey, BTreeMap<String, String>)> = Vec::new();
+        for key in &self.pods {
+            let labels = state
+                .get(&ObjectKey::new(Kind::Pod, &key.namespace, &key.name))
+                .map(|p| meta_labels(p.metadata()).clone())
+                .unwrap_or_default();
+            let (scope, errors) = sidecar_scope::for_workload(cfg, state, &key.namespace, &labels);
+            let okey = (key.namespace.clone(), scope.from.clone());
+            scopes.entry(okey.clone()).or_insert((scope, errors));
+            pods.push((key, okey, labels));
+        }
+        let mut by_namespace: HashMap<&str, Vec<BoundService>> = HashMap::new();
         let mut outbound = HashMap::new();
-        for ns in namespaces {
+        for (okey, (scope, scope_errors)) in &scopes {
+            let ns = okey.0.as_str();
+            let all = by_namespace
+                .entry(ns)
+                .or_insert_with(|| waypoints.services_for_sidecars(cfg, state, addresses, ns));
             let inputs = WaypointInputs {
                 key: WaypointKey {
                     namespace: ns.to_string(),
@@ -92,18 +115,27 @@ impl SidecarIndex {
                 },
                 flavor: Flavor::Sidecar {
                     send_hbone: cfg.sending_hbone,
+                    registry_only: scope.registry_only,
                 },
                 trust_domain: cfg.trust_domain.clone(),
                 domain_suffix: cfg.domain_suffix.clone(),
                 access_log_file: cfg.access_log_file.clone(),
-                services: waypoints.services_for_sidecars(cfg, state, addresses, ns),
+                services: sidecar_scope::scoped(all, scope),
             };
-            let fresh = generate_outbound(&inputs, version);
-            let kept = match self.outbound.remove(ns) {
+            let mut fresh = generate_outbound(&inputs, version);
+            fresh
+                .errors
+                .extend(scope_errors.iter().cloned().map(RouteError::Sidecar));
+            let kept = match self.outbound.remove(okey) {
                 Some(old) if old.same_content(&fresh) => old,
-                _ => Arc::new(fresh),
+                _ => {
+                    for e in scope_errors {
+                        tracing::warn!(namespace = ns, reason = "sidecar_resource", "{e}");
+                    }
+                    Arc::new(fresh)
+                }
             };
-            outbound.insert(ns.to_string(), kept);
+            outbound.insert(okey.clone(), kept);
         }
         self.outbound = outbound;
         let gone: Vec<SidecarKey> = (self.views.keys())
@@ -113,11 +145,12 @@ impl SidecarIndex {
         for k in gone {
             self.views.remove(&k);
         }
-        for key in &self.pods {
-            let Some(out) = self.outbound.get(&key.namespace) else {
+        for (key, okey, labels) in pods {
+            let (Some(out), Some((scope, _))) = (self.outbound.get(&okey), scopes.get(&okey))
+            else {
                 continue;
             };
-            let inputs = inbound_inputs(cfg, state, waypoints, addresses, key);
+            let inputs = inbound_inputs(cfg, state, (waypoints, addresses), (key, &labels), scope);
             let fresh = generate_sidecar(out, &inputs, version);
             for e in fresh.errors.iter().skip(out.errors.len()) {
                 tracing::warn!(sidecar = %key, reason = e.reason(), "{e}");
@@ -133,42 +166,88 @@ impl SidecarIndex {
     }
 }
 
-/// The inbound side of one sidecar.
+/// What an outbound side is generated for: the pods' namespace and the Sidecar in force
+/// (`namespace/name`; `None` for the default).
+type OutboundKey = (String, Option<String>);
+
+/// The inbound side of one sidecar: the ports of a Sidecar's ingress listeners, or else those
+/// of the services selecting it.
 fn inbound_inputs(
     cfg: &ModelConfig,
     state: &State,
-    waypoints: &WaypointIndex,
-    addresses: &ResourceMap,
-    key: &SidecarKey,
+    (waypoints, addresses): (&WaypointIndex, &ResourceMap),
+    (key, labels): (&SidecarKey, &BTreeMap<String, String>),
+    scope: &SidecarScope,
 ) -> SidecarInputs {
-    let pod = state.get(&ObjectKey::new(Kind::Pod, &key.namespace, &key.name));
-    let labels = pod
-        .map(|p| meta_labels(p.metadata()).clone())
-        .unwrap_or_default();
     let uid = pod_uid(&cfg.cluster_id, &key.namespace, &key.name);
-    let (mode, port_modes, port_modes_from) = peer_modes(cfg, state, &key.namespace, &labels);
+    let (mode, port_modes, port_modes_from) = peer_modes(cfg, state, &key.namespace, labels);
+    let mut ports = inbound_ports(state, waypoints, addresses, &uid);
+    if !scope.ingress.is_empty() {
+        let pod_ip = state
+            .get(&ObjectKey::new(Kind::Pod, &key.namespace, &key.name))
+            .and_then(|p| match p {
+                Object::Pod(p) => p.status.as_ref()?.pod_ip.as_deref()?.parse::<IpAddr>().ok(),
+                _ => None,
+            });
+        ports = ingress_ports(&scope.ingress, &ports, pod_ip);
+    }
     SidecarInputs {
         key: key.clone(),
         trust_domain: cfg.trust_domain.clone(),
-        ports: inbound_ports(state, waypoints, addresses, &uid),
+        ports,
         mode,
         port_modes,
         port_modes_from,
-        hbone: cfg.sidecar_listening_hbone && super::workload::native_tunnel(&labels),
+        hbone: cfg.sidecar_listening_hbone && super::workload::native_tunnel(labels),
         access_log_file: cfg.access_log_file.clone(),
         policies: selecting_as(
             cfg,
             state,
-            (&key.namespace, &labels),
+            (&key.namespace, labels),
             (Kind::AuthorizationPolicy, pick_authz),
         ),
         request_authns: selecting_as(
             cfg,
             state,
-            (&key.namespace, &labels),
+            (&key.namespace, labels),
             (Kind::RequestAuthentication, pick_authn),
         ),
     }
+}
+
+/// A Sidecar's ingress ports in place of the services' (whose hostname, where one serves the
+/// port, names it in telemetry). `0.0.0.0:<port>` endpoints are the pod's address; a pod
+/// without one yet gets the port once it has it.
+fn ingress_ports(
+    ingress: &[IngressPort],
+    from_services: &[InboundPort],
+    pod_ip: Option<IpAddr>,
+) -> Vec<InboundPort> {
+    let mut ports: Vec<InboundPort> = ingress
+        .iter()
+        .filter_map(|p| {
+            let endpoint = match &p.endpoint {
+                IngressEndpoint::OriginalDestination => InboundEndpoint::OriginalDestination,
+                IngressEndpoint::Loopback(ip, port) => {
+                    InboundEndpoint::Socket(SocketAddr::new(*ip, *port))
+                }
+                IngressEndpoint::PodAddress(port) => {
+                    InboundEndpoint::Socket(SocketAddr::new(pod_ip?, *port))
+                }
+                IngressEndpoint::Unix(path) => InboundEndpoint::Unix(path.clone()),
+            };
+            Some(InboundPort {
+                port: p.port,
+                protocol: p.protocol,
+                service: (from_services.iter())
+                    .find(|s| s.port == p.port)
+                    .and_then(|s| s.service.clone()),
+                endpoint,
+            })
+        })
+        .collect();
+    ports.sort_by_key(|p| p.port);
+    ports
 }
 
 /// The target ports of the services that select the workload, with their protocols.
@@ -209,6 +288,7 @@ fn inbound_ports(
             port,
             protocol,
             service: Some(service),
+            endpoint: InboundEndpoint::OriginalDestination,
         })
         .collect()
 }

@@ -5,7 +5,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 
 use mesh_api::{
     AuthorizationPolicySpec, DestinationRuleSpec, PeerAuthenticationSpec,
-    RequestAuthenticationSpec, ServiceEntrySpec, VirtualServiceSpec, WorkloadEntrySpec,
+    RequestAuthenticationSpec, ServiceEntrySpec, SidecarSpec, VirtualServiceSpec,
+    WorkloadEntrySpec,
 };
 
 /// A printer column (`kubectl get` shows it).
@@ -192,7 +193,7 @@ pub const CRDS: [Crd; 15] = [
         versions: NETWORKING_VERSIONS,
         storage: "v1",
         columns: &[],
-        spec: None,
+        spec: Some(schema::<SidecarSpec>),
         spec_required: false,
         keep: true,
         description: "What a sidecar proxy receives and accepts.",

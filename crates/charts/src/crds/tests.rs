@@ -119,17 +119,29 @@ fn specs_the_mesh_reads_are_typed_and_keep_unknown_fields() {
         pa["properties"]["portLevelMtls"]["additionalProperties"]["properties"]["mode"]["enum"],
         json!(["UNSET", "DISABLE", "PERMISSIVE", "STRICT"])
     );
+
+    let sc = spec_schema("Sidecar");
+    assert_eq!(
+        sc["properties"]["egress"]["items"]["properties"]["hosts"]["items"]["type"],
+        "string"
+    );
+    assert_eq!(
+        sc["properties"]["egress"]["items"]["properties"]["captureMode"]["enum"],
+        json!(["DEFAULT", "IPTABLES", "NONE"])
+    );
+    assert_eq!(
+        sc["properties"]["outboundTrafficPolicy"]["properties"]["mode"]["enum"],
+        json!(["REGISTRY_ONLY", "ALLOW_ANY"])
+    );
+    assert_eq!(
+        sc["properties"]["ingress"]["items"]["properties"]["port"]["properties"]["number"]["type"],
+        "integer"
+    );
 }
 
 #[test]
 fn kinds_the_mesh_does_not_read_keep_their_spec_as_written() {
-    for kind in [
-        "Sidecar",
-        "EnvoyFilter",
-        "Telemetry",
-        "WasmPlugin",
-        "Gateway",
-    ] {
+    for kind in ["EnvoyFilter", "Telemetry", "WasmPlugin", "Gateway"] {
         let spec = spec_schema(kind);
         assert_eq!(spec["type"], "object", "{kind}");
         assert_eq!(spec["x-kubernetes-preserve-unknown-fields"], true, "{kind}");

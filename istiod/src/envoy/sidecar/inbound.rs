@@ -65,6 +65,20 @@ pub struct InboundPort {
     pub protocol: Protocol,
     /// The hostname of the (first) service the port serves, for telemetry.
     pub service: Option<String>,
+    /// Where accepted connections go.
+    pub endpoint: InboundEndpoint,
+}
+
+/// Where a sidecar hands an inbound port's connections.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InboundEndpoint {
+    /// Their original destination (the pod's address and the port).
+    OriginalDestination,
+    /// A fixed address (a Sidecar ingress listener's `defaultEndpoint`).
+    Socket(std::net::SocketAddr),
+    /// A unix domain socket (`defaultEndpoint: unix://<path>`).
+    Unix(String),
 }
 
 /// What one sidecar's inbound side depends on.
@@ -444,18 +458,31 @@ fn tls_inspector() -> ListenerFilter {
 }
 
 /// `inbound|<port>||`: the connection's original destination (the pod's own address and
-/// port), reached from 127.0.0.6.
+/// port), or the port's fixed endpoint, reached from 127.0.0.6.
 fn inbound_cluster(port: &InboundPort) -> Cluster {
-    let mut cluster = Cluster {
-        name: names::inbound_cluster(port.port),
-        cluster_discovery_type: Some(ClusterDiscoveryType::Type(
-            DiscoveryType::OriginalDst as i32,
-        )),
-        lb_policy: LbPolicy::ClusterProvided as i32,
-        connect_timeout: Some(duration(CONNECT_TIMEOUT)),
-        cleanup_interval: Some(duration(Duration::from_secs(60))),
+    let name = names::inbound_cluster(port.port);
+    let fixed = |address| Cluster {
         upstream_bind_config: Some(super::outbound::inbound_bind()),
-        ..Cluster::default()
+        ..clusters::static_cluster(&name, address)
+    };
+    let mut cluster = match &port.endpoint {
+        InboundEndpoint::OriginalDestination => Cluster {
+            name: name.clone(),
+            cluster_discovery_type: Some(ClusterDiscoveryType::Type(
+                DiscoveryType::OriginalDst as i32,
+            )),
+            lb_policy: LbPolicy::ClusterProvided as i32,
+            connect_timeout: Some(duration(CONNECT_TIMEOUT)),
+            cleanup_interval: Some(duration(Duration::from_secs(60))),
+            upstream_bind_config: Some(super::outbound::inbound_bind()),
+            ..Cluster::default()
+        },
+        InboundEndpoint::Socket(addr) if addr.ip().is_loopback() && addr.is_ipv6() => {
+            // 127.0.0.6 cannot reach ::1: the kernel picks the source.
+            clusters::static_cluster(&name, clusters::socket_address(*addr))
+        }
+        InboundEndpoint::Socket(addr) => fixed(clusters::socket_address(*addr)),
+        InboundEndpoint::Unix(path) => clusters::static_cluster(&name, pipe_address(path)),
     };
     if port.protocol.upstream_h2() {
         cluster.typed_extension_protocol_options.insert(
@@ -464,6 +491,16 @@ fn inbound_cluster(port: &InboundPort) -> Cluster {
         );
     }
     cluster
+}
+
+fn pipe_address(path: &str) -> mesh_proto::envoy::pb::envoy::config::core::v3::Address {
+    use mesh_proto::envoy::pb::envoy::config::core::v3::{address, Address, Pipe};
+    Address {
+        address: Some(address::Address::Pipe(Pipe {
+            path: path.to_string(),
+            ..Pipe::default()
+        })),
+    }
 }
 
 /// A waypoint matches principals on the identity HBONE carried (filter state); a sidecar on

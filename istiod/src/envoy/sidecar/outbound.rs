@@ -10,7 +10,9 @@ use mesh_proto::envoy::pb::envoy::config::cluster::v3::{
 };
 use mesh_proto::envoy::pb::envoy::config::core::v3::BindConfig;
 use mesh_proto::envoy::pb::envoy::config::listener::v3::{FilterChain, FilterChainMatch, Listener};
-use mesh_proto::envoy::pb::envoy::config::route::v3::{RouteConfiguration, VirtualHost};
+use mesh_proto::envoy::pb::envoy::config::route::v3::{
+    route, route_match, DirectResponseAction, Route, RouteConfiguration, RouteMatch, VirtualHost,
+};
 use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager::{CodecType, RouteSpecifier},
     HttpConnectionManager, Rds,
@@ -32,6 +34,7 @@ const OUTBOUND_PORT: u16 = mesh_capture::OUTBOUND_CAPTURE_PORT;
 const BLACKHOLE_CHAIN: &str = "virtualOutbound-blackhole";
 const CATCHALL_CHAIN: &str = "virtualOutbound-catchall-tcp";
 const ALLOW_ANY: &str = "allow_any";
+const BLOCK_ALL: &str = "block_all";
 /// The ports of the proxy's own listeners (admin, capture, HBONE, the agent's status and
 /// readiness, DNS, Prometheus). A service port among them (a waypoint's HBONE or status port)
 /// gets no wildcard HTTP listener, which would take the proxy's own address: it is proxied as
@@ -48,6 +51,13 @@ const PROXY_PORTS: [u16; 8] = [
 ];
 
 pub(super) fn generate(inputs: &WaypointInputs, out: &mut Builder, errors: &mut Vec<RouteError>) {
+    let registry_only = matches!(
+        inputs.flavor,
+        Flavor::Sidecar {
+            registry_only: true,
+            ..
+        }
+    );
     let hashes = destination_rule::hash_policy_index(inputs);
     let routes: Vec<ServiceRoutes> = (inputs.services.iter())
         .map(|svc| ServiceRoutes::build(inputs, svc, &hashes, errors))
@@ -64,9 +74,15 @@ pub(super) fn generate(inputs: &WaypointInputs, out: &mut Builder, errors: &mut 
     out.put(
         type_url::LISTENER,
         names::VIRTUAL_OUTBOUND,
-        &virtual_outbound(),
+        &virtual_outbound(registry_only),
     );
-    if matches!(inputs.flavor, Flavor::Sidecar { send_hbone: true }) {
+    if matches!(
+        inputs.flavor,
+        Flavor::Sidecar {
+            send_hbone: true,
+            ..
+        }
+    ) {
         // HBONE to endpoints that take it: the same plumbing as a waypoint's.
         out.put(
             type_url::LISTENER,
@@ -106,12 +122,7 @@ pub(super) fn generate(inputs: &WaypointInputs, out: &mut Builder, errors: &mut 
         }
     }
     for (port, mut hosts) in http_ports {
-        hosts.push(VirtualHost {
-            name: ALLOW_ANY.to_string(),
-            domains: vec!["*".to_string()],
-            routes: vec![default_route(names::PASSTHROUGH_CLUSTER)],
-            ..VirtualHost::default()
-        });
+        hosts.push(catch_all_host(registry_only));
         let name = port.to_string();
         let rc = RouteConfiguration {
             name: name.clone(),
@@ -122,6 +133,38 @@ pub(super) fn generate(inputs: &WaypointInputs, out: &mut Builder, errors: &mut 
         out.put(type_url::ROUTE, &name, &rc);
         let listener = http_listener(port, &rc.virtual_hosts, &inputs.access_log_file);
         out.put(type_url::LISTENER, &listener.name.clone(), &listener);
+    }
+}
+
+/// The last virtual host of every port: unknown hosts pass through (`allow_any`), or under
+/// `REGISTRY_ONLY` get 502 (`block_all`), as Istio answers them.
+fn catch_all_host(registry_only: bool) -> VirtualHost {
+    let (name, route) = if registry_only {
+        let route = Route {
+            name: BLOCK_ALL.to_string(),
+            r#match: Some(RouteMatch {
+                path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+                ..RouteMatch::default()
+            }),
+            action: Some(route::Action::DirectResponse(DirectResponseAction {
+                status: 502,
+                ..DirectResponseAction::default()
+            })),
+            ..Route::default()
+        };
+        (BLOCK_ALL, route)
+    } else {
+        let route = Route {
+            name: ALLOW_ANY.to_string(),
+            ..default_route(names::PASSTHROUGH_CLUSTER)
+        };
+        (ALLOW_ANY, route)
+    };
+    VirtualHost {
+        name: name.to_string(),
+        domains: vec!["*".to_string()],
+        routes: vec![route],
+        ..VirtualHost::default()
     }
 }
 
@@ -224,9 +267,14 @@ fn tcp_listener(vip: &str, port: u16, target: tcp_proxy::ClusterSpecifier) -> Li
 }
 
 /// `virtualOutbound` on 15001: where the capture sends the application's connections. Envoy
-/// hands each to the listener of its original destination; the rest pass through, except
-/// connections to 15001 itself (a loop).
-fn virtual_outbound() -> Listener {
+/// hands each to the listener of its original destination; the rest pass through (or, under
+/// `REGISTRY_ONLY`, reach the black hole), and connections to 15001 itself (a loop) always do.
+fn virtual_outbound(registry_only: bool) -> Listener {
+    let catch_all = if registry_only {
+        names::BLACKHOLE_CLUSTER
+    } else {
+        names::PASSTHROUGH_CLUSTER
+    };
     let passthrough = |cluster: &str| {
         tcp_chain_filter(
             cluster,
@@ -249,7 +297,7 @@ fn virtual_outbound() -> Listener {
             },
             FilterChain {
                 name: CATCHALL_CHAIN.to_string(),
-                filters: vec![passthrough(names::PASSTHROUGH_CLUSTER)],
+                filters: vec![passthrough(catch_all)],
                 ..FilterChain::default()
             },
         ],

@@ -41,7 +41,10 @@ spec:
 /// The waypoint test services as the sidecars of `shop` see them.
 fn outbound_inputs() -> WaypointInputs {
     let mut inp = inputs();
-    inp.flavor = Flavor::Sidecar { send_hbone: true };
+    inp.flavor = Flavor::Sidecar {
+        send_hbone: true,
+        registry_only: false,
+    };
     inp.key = WaypointKey {
         namespace: "shop".into(),
         name: String::new(),
@@ -78,11 +81,13 @@ fn sidecar_inputs(mode: PeerMode, port_modes: &[(u16, PeerMode)]) -> SidecarInpu
                 port: 8080,
                 protocol: Protocol::Http,
                 service: Some("echo.shop.svc.cluster.local".into()),
+                endpoint: InboundEndpoint::OriginalDestination,
             },
             InboundPort {
                 port: 9000,
                 protocol: Protocol::Tcp,
                 service: Some("echo.shop.svc.cluster.local".into()),
+                endpoint: InboundEndpoint::OriginalDestination,
             },
         ],
         mode,
@@ -485,4 +490,97 @@ fn envoy_validates_the_generated_sidecar_config() {
         let res = generate(mode, &[(9000, PeerMode::Disable)]);
         envoy_validates(&envoy, &inline_routes(&res));
     }
+}
+
+/// `REGISTRY_ONLY` and a Sidecar's ingress endpoints, as Istio writes them.
+fn registry_only_with_ingress_endpoints() -> ProxyResources {
+    let mut inp = outbound_inputs();
+    inp.flavor = Flavor::Sidecar {
+        send_hbone: true,
+        registry_only: true,
+    };
+    let out = generate_outbound(&inp, 1);
+    let mut side = sidecar_inputs(PeerMode::Permissive, &[]);
+    side.ports[0].endpoint = InboundEndpoint::Socket("127.0.0.1:8081".parse().expect("addr"));
+    side.ports[1].endpoint = InboundEndpoint::Unix("/var/run/echo.sock".into());
+    generate_sidecar(&out, &side, 2)
+}
+
+#[test]
+fn registry_only_blocks_unknown_destinations_and_ingress_endpoints_are_static() {
+    use mesh_proto::envoy::pb::envoy::config::cluster::v3::cluster::{
+        ClusterDiscoveryType, DiscoveryType,
+    };
+    use mesh_proto::envoy::pb::envoy::config::core::v3::address;
+    use mesh_proto::envoy::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+    use mesh_proto::envoy::pb::envoy::config::route::v3::route::Action;
+    use mesh_proto::envoy::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
+        tcp_proxy, TcpProxy,
+    };
+    let res = registry_only_with_ingress_endpoints();
+    let vo = listener(&res, "virtualOutbound");
+    let catch_all = vo.filter_chains.last().expect("catch-all chain");
+    let Some(ConfigType::TypedConfig(any)) = &catch_all.filters[0].config_type else {
+        panic!("typed tcp_proxy");
+    };
+    let tcp = TcpProxy::decode(any.value.as_slice()).expect("tcp_proxy");
+    assert_eq!(
+        tcp.cluster_specifier,
+        Some(tcp_proxy::ClusterSpecifier::Cluster(
+            "BlackHoleCluster".into()
+        ))
+    );
+    let routes: Vec<RouteConfiguration> = decode(&res, type_url::ROUTE);
+    assert!(!routes.is_empty());
+    for rc in &routes {
+        let last = rc.virtual_hosts.last().expect("virtual hosts");
+        assert_eq!(
+            (last.name.as_str(), last.domains.as_slice()),
+            ("block_all", &["*".to_string()][..])
+        );
+        let Some(Action::DirectResponse(d)) = &last.routes[0].action else {
+            panic!("{}: block_all answers itself", rc.name);
+        };
+        assert_eq!(d.status, 502);
+    }
+    let clusters: Vec<Cluster> = decode(&res, type_url::CLUSTER);
+    let address_of = |name: &str| {
+        let c = clusters.iter().find(|c| c.name == name).expect(name);
+        assert_eq!(
+            c.cluster_discovery_type,
+            Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32)),
+            "{name}"
+        );
+        let la = c.load_assignment.clone().expect("endpoints");
+        let Some(HostIdentifier::Endpoint(e)) =
+            la.endpoints[0].lb_endpoints[0].host_identifier.clone()
+        else {
+            panic!("{name}: an endpoint");
+        };
+        (
+            e.address.and_then(|a| a.address),
+            c.upstream_bind_config.is_some(),
+        )
+    };
+    match address_of("inbound|8080||") {
+        (Some(address::Address::SocketAddress(sa)), true) => {
+            assert_eq!(sa.address, "127.0.0.1");
+        }
+        other => panic!("8080: {other:?}"),
+    }
+    match address_of("inbound|9000||") {
+        (Some(address::Address::Pipe(p)), false) => assert_eq!(p.path, "/var/run/echo.sock"),
+        other => panic!("9000: {other:?}"),
+    }
+}
+
+#[test]
+fn envoy_validates_registry_only_and_ingress_endpoints() {
+    let Some(envoy) = envoy_or_skip() else {
+        return;
+    };
+    envoy_validates(
+        &envoy,
+        &inline_routes(&registry_only_with_ingress_endpoints()),
+    );
 }

@@ -50,7 +50,7 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
     let ns = key.namespace.as_str();
     match key.kind {
         // Routes and request authentication change waypoint configuration only (see
-        // `model::waypoints`).
+        // `model::waypoints`); Sidecars change sidecars' only (`model::sidecars`).
         Kind::Pod
         | Kind::WorkloadEntry
         | Kind::HttpRoute
@@ -58,7 +58,8 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
         | Kind::TcpRoute
         | Kind::VirtualService
         | Kind::DestinationRule
-        | Kind::RequestAuthentication => {}
+        | Kind::RequestAuthentication
+        | Kind::Sidecar => {}
         Kind::Deployment | Kind::ServiceAccount => {}
         // A Node's topology labels are its pods' locality; its status (heartbeats) is not read.
         Kind::Node => {

@@ -173,3 +173,273 @@ fn unrelated_changes_push_nothing_and_policies_reach_only_selected_pods() {
     assert_eq!(s3.sidecar(&key("echo-1")).changed_in, before);
     assert!(s3.sidecar(&key("echo-2")).changed_in > before);
 }
+
+fn sidecar_resource(
+    ns: &str,
+    name: &str,
+    created: &str,
+    spec: serde_json::Value,
+) -> mesh_api::Object {
+    obj(json!({
+        "apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+        "metadata": {"name": name, "namespace": ns, "creationTimestamp": created},
+        "spec": spec,
+    }))
+}
+
+/// `legacy` (echo, echo-1 with a sidecar), plus services in `shop` and `istio-system`.
+fn three_namespaces() -> Model {
+    let mut m = legacy();
+    m.apply(service("shop", "web", json!({"app": "web"}), "10.96.0.20"));
+    m.apply(service(
+        "istio-system",
+        "istiod",
+        json!({"app": "istiod"}),
+        "10.96.0.30",
+    ));
+    m
+}
+
+/// Where `virtualOutbound` sends destinations it has no listener for.
+fn catch_all(s: &Snapshot, pod: &str) -> String {
+    use mesh_proto::envoy::pb::envoy::config::listener::v3::filter::ConfigType;
+    use mesh_proto::envoy::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
+        tcp_proxy::ClusterSpecifier, TcpProxy,
+    };
+    let lds = s.sidecar(&key(pod)).get(type_url::LISTENER).expect("lds");
+    let vo = Listener::decode(lds["virtualOutbound"].body.value.as_slice()).expect("listener");
+    let chain = vo.filter_chains.last().expect("chains");
+    let Some(ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+        panic!("typed filter");
+    };
+    match TcpProxy::decode(any.value.as_slice())
+        .expect("tcp_proxy")
+        .cluster_specifier
+    {
+        Some(ClusterSpecifier::Cluster(c)) => c,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn outbound_hosts(s: &Snapshot, pod: &str) -> Vec<String> {
+    let mut hosts: Vec<String> = names(s, pod, type_url::CLUSTER)
+        .into_iter()
+        .filter_map(|c| c.strip_prefix("outbound|").map(str::to_string))
+        .collect();
+    hosts.sort();
+    hosts
+}
+
+#[test]
+fn a_sidecar_resource_scopes_what_the_proxy_gets() {
+    let mut m = three_namespaces();
+    let everything = outbound_hosts(&m.build(), "echo-1");
+    assert!(
+        everything
+            .iter()
+            .any(|h| h.ends_with("web.shop.svc.cluster.local")),
+        "{everything:?}"
+    );
+    // The namespace's Sidecar: its own namespace and istio-system, and shop on 9000 only.
+    m.apply(sidecar_resource(
+        "legacy",
+        "default",
+        "2024-01-01T00:00:00Z",
+        json!({"egress": [
+            {"port": {"number": 9000, "protocol": "TCP"}, "hosts": ["shop/*"]},
+            {"hosts": ["./*", "istio-system/*"]},
+        ]}),
+    ));
+    let s = m.build();
+    let hosts = outbound_hosts(&s, "echo-1");
+    assert_eq!(
+        hosts,
+        vec![
+            "80||echo.legacy.svc.cluster.local",
+            "80||istiod.istio-system.svc.cluster.local",
+            "9000||web.shop.svc.cluster.local",
+            "9090||echo.legacy.svc.cluster.local",
+            "9090||istiod.istio-system.svc.cluster.local",
+        ],
+    );
+    let listeners = names(&s, "echo-1", type_url::LISTENER);
+    assert!(
+        listeners.contains(&"10.96.0.20_9000".to_string()),
+        "{listeners:?}"
+    );
+    assert!(
+        !listeners.contains(&"10.96.0.30_9000".to_string()),
+        "{listeners:?}"
+    );
+    // An older one selecting the pod wins over the namespace's; a newer one loses to it.
+    m.apply(sidecar_resource(
+        "legacy",
+        "echo-newer",
+        "2025-01-01T00:00:00Z",
+        json!({"workloadSelector": {"labels": {"app": "echo"}}, "egress": [{"hosts": ["~/*"]}]}),
+    ));
+    m.apply(sidecar_resource(
+        "legacy",
+        "echo",
+        "2024-06-01T00:00:00Z",
+        json!({"workloadSelector": {"labels": {"app": "echo"}}, "egress": [{"hosts": ["shop/*"]}]}),
+    ));
+    let hosts = outbound_hosts(&m.build(), "echo-1");
+    assert!(
+        hosts
+            .iter()
+            .all(|h| h.ends_with("web.shop.svc.cluster.local")),
+        "{hosts:?}"
+    );
+    assert_eq!(hosts.len(), 3, "{hosts:?}");
+    // Gone: the namespace's again, then (none left) everything.
+    m.delete(&ObjectKey::new(Kind::Sidecar, "legacy", "echo"));
+    m.delete(&ObjectKey::new(Kind::Sidecar, "legacy", "echo-newer"));
+    assert_eq!(outbound_hosts(&m.build(), "echo-1").len(), 5);
+    m.delete(&ObjectKey::new(Kind::Sidecar, "legacy", "default"));
+    assert_eq!(outbound_hosts(&m.build(), "echo-1"), everything);
+}
+
+#[test]
+fn the_root_namespace_sidecar_is_the_mesh_default_with_dot_as_the_pods_namespace() {
+    let mut m = three_namespaces();
+    m.apply(sidecar_resource(
+        "istio-system",
+        "default",
+        "2024-01-01T00:00:00Z",
+        json!({"egress": [{"hosts": ["./*"]}], "outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}}),
+    ));
+    let s = m.build();
+    let hosts = outbound_hosts(&s, "echo-1");
+    assert!(
+        hosts
+            .iter()
+            .all(|h| h.ends_with("echo.legacy.svc.cluster.local")),
+        "{hosts:?}"
+    );
+    assert_eq!(catch_all(&s, "echo-1"), "BlackHoleCluster");
+}
+
+#[test]
+fn the_mesh_config_sets_the_outbound_mode_a_sidecar_overrides_it() {
+    let cfg = ModelConfig {
+        outbound_registry_only: true,
+        ..ModelConfig::default()
+    };
+    let mut m = Model::new(cfg);
+    m.apply(namespace("legacy", json!({})));
+    m.apply(service(
+        "legacy",
+        "echo",
+        json!({"app": "echo"}),
+        "10.96.0.10",
+    ));
+    m.apply(injected("echo-1", "10.1.0.5"));
+    assert_eq!(catch_all(&m.build(), "echo-1"), "BlackHoleCluster");
+    m.apply(sidecar_resource(
+        "legacy",
+        "default",
+        "2024-01-01T00:00:00Z",
+        json!({"outboundTrafficPolicy": {"mode": "ALLOW_ANY"}}),
+    ));
+    let s = m.build();
+    assert_eq!(catch_all(&s, "echo-1"), "PassthroughCluster");
+    assert_eq!(
+        outbound_hosts(&s, "echo-1").len(),
+        3,
+        "no egress: every service"
+    );
+}
+
+#[test]
+fn ingress_listeners_replace_the_services_ports_and_problems_are_reported() {
+    let mut m = legacy();
+    m.apply(sidecar_resource(
+        "legacy",
+        "echo",
+        "2024-01-01T00:00:00Z",
+        json!({"workloadSelector": {"labels": {"app": "echo"}},
+               "ingress": [
+                   {"port": {"number": 8080, "protocol": "HTTP", "name": "http"}, "defaultEndpoint": "127.0.0.1:18080"},
+                   {"port": {"number": 7070, "protocol": "TCP", "name": "tcp"}, "defaultEndpoint": "0.0.0.0:17070"},
+                   {"port": {"number": 6060}, "defaultEndpoint": "10.0.0.1:6060"},
+               ],
+               "egress": [{"hosts": ["./*", "bad"]}]}),
+    ));
+    let s = m.build();
+    let chains = inbound_chains(&s, "echo-1");
+    let ports: Vec<u32> = chains.iter().filter_map(|(_, p)| *p).collect();
+    assert!(ports.contains(&8080) && ports.contains(&7070), "{chains:?}");
+    assert!(
+        !ports.contains(&9001),
+        "service ports are replaced: {chains:?}"
+    );
+    let clusters = names(&s, "echo-1", type_url::CLUSTER);
+    assert!(
+        clusters.contains(&"inbound|7070||".to_string()),
+        "{clusters:?}"
+    );
+    assert!(
+        !clusters.contains(&"inbound|9001||".to_string()),
+        "{clusters:?}"
+    );
+    let cds = s
+        .sidecar(&key("echo-1"))
+        .get(type_url::CLUSTER)
+        .expect("cds");
+    let c7070 = format!(
+        "{:?}",
+        mesh_proto::envoy::pb::envoy::config::cluster::v3::Cluster::decode(
+            cds["inbound|7070||"].body.value.as_slice()
+        )
+        .expect("cluster")
+        .load_assignment
+    );
+    assert!(
+        c7070.contains("10.1.0.5") && c7070.contains("17070"),
+        "the pod's address: {c7070}"
+    );
+    let errors: Vec<String> = (s.sidecar(&key("echo-1")).errors.iter())
+        .map(|e| e.to_string())
+        .collect();
+    for needle in ["ingress[2]", "egress[0].hosts[1]"] {
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.contains("Sidecar legacy/echo") && e.contains(needle)),
+            "{needle}: {errors:?}"
+        );
+    }
+}
+
+#[test]
+fn a_sidecar_change_pushes_only_the_proxies_it_applies_to() {
+    let mut m = three_namespaces();
+    let mut web = pod_json(
+        "shop",
+        "web-1",
+        "10.1.0.8",
+        json!({"app": "web", "security.istio.io/tlsMode": "istio"}),
+    );
+    web["metadata"]["annotations"] = json!({"sidecar.istio.io/status": "{}"});
+    m.apply(obj(web));
+    let s1 = m.build();
+    let shop_key = WaypointKey {
+        namespace: "shop".into(),
+        name: "web-1".into(),
+    };
+    let before = s1.sidecar(&shop_key).changed_in;
+    m.apply(sidecar_resource(
+        "legacy",
+        "default",
+        "2024-01-01T00:00:00Z",
+        json!({"egress": [{"hosts": ["./*"]}]}),
+    ));
+    let s2 = m.build();
+    assert_eq!(
+        s2.sidecar(&shop_key).changed_in,
+        before,
+        "shop's proxy is not pushed"
+    );
+    assert!(s2.sidecar(&key("echo-1")).changed_in > before);
+}
