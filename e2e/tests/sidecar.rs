@@ -3,7 +3,8 @@
 //! its `istio-proxy` container (`pilot-agent proxy sidecar`, the real Envoy 1.40, configured by
 //! istiod), calling
 //! each other over Istio mutual TLS, calling ambient pods and called by them over HBONE, with
-//! PeerAuthentication and AuthorizationPolicy enforced at the receiving sidecar.
+//! PeerAuthentication and AuthorizationPolicy enforced at the receiving sidecar and a Sidecar
+//! resource scoping what the calling one reaches.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -104,6 +105,47 @@ fn requires_a_token(m: &Mesh) {
     assert_eq!(status(Some(&good)), 200, "a valid token passes");
     m.cluster.objects().remove("authn.yaml");
     assert!(eventually(|| status(None) == 200), "no token needed again");
+}
+
+/// A Sidecar resource selecting the client: its own namespace only, REGISTRY_ONLY. The server
+/// (in `legacy`) still answers; the ambient service (`demo`, not imported) gets 502 from the
+/// client's sidecar (`block_all`), and a pod address that is no service is not passed
+/// through. Removing it restores both.
+fn sidecar_resource_scopes_the_client(m: &Mesh) {
+    m.cluster.objects().write(
+        "sidecar.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata:\n  name: client\n  namespace: legacy\nspec:\n  workloadSelector: {labels: {app: client}}\n  egress:\n  - hosts: [./*]\n  outboundTrafficPolicy: {mode: REGISTRY_ONLY}\n",
+    );
+    let status = |addr| get(&m.client.netns, addr).map_or(0, |r| r.status);
+    let scoped = eventually(|| {
+        status(ambient_vip()) == 502 && get(&m.client.netns, m.outsider.addr(APP_PORT)).is_none()
+    });
+    assert!(
+        scoped,
+        "the client's sidecar blocks what its Sidecar does not import\n{}",
+        m.logs()
+    );
+    assert_eq!(
+        status(vip()),
+        200,
+        "its own namespace's service still answers"
+    );
+    let clusters = m.client_proxy.admin("/clusters?format=json");
+    assert!(
+        clusters.contains("outbound|80||server.legacy.svc.cluster.local")
+            && !clusters.contains("outbound|80||amb.demo.svc.cluster.local"),
+        "only legacy's service is configured"
+    );
+    m.cluster.objects().remove("sidecar.yaml");
+    let restored = eventually(|| {
+        status(ambient_vip()) == 200
+            && get(&m.client.netns, m.outsider.addr(APP_PORT)).is_some_and(|r| r.status == 200)
+    });
+    assert!(
+        restored,
+        "every service once the Sidecar is gone\n{}",
+        m.logs()
+    );
 }
 
 fn vip() -> SocketAddr {
@@ -297,6 +339,7 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
     );
 
     requires_a_token(&m);
+    sidecar_resource_scopes_the_client(&m);
 
     // Request metrics from both sidecars, each reporting its own side.
     let counted = |proxy: &Waypoint, want: &[&str]| {

@@ -26,12 +26,22 @@ pub(crate) fn render(s: &Snapshot) -> Value {
         .filter_map(|r| Authorization::decode(r.body.value.as_slice()).ok())
         .map(|a| render_policy(&a))
         .collect();
+    // Problems in what a waypoint or sidecar is served (the offending part left out), by proxy.
+    let mut proxy_errors = serde_json::Map::new();
+    let proxies = (s.waypoints().map(|(k, r)| (format!("waypoint:{k}"), r)))
+        .chain(s.sidecars().map(|(k, r)| (format!("sidecar:{k}"), r)));
+    for (name, res) in proxies.filter(|(_, r)| !r.errors.is_empty()) {
+        let list = res.errors.iter();
+        let list = list.map(|e| json!({"reason": e.reason(), "message": e.to_string()}));
+        proxy_errors.insert(name, Value::Array(list.collect()));
+    }
     json!({
         "version": s.version,
         "workloads": workloads,
         "services": services,
         "policies": policies,
         "errors": s.errors.iter().map(|e| json!({"reason": e.reason(), "message": e.to_string()})).collect::<Vec<_>>(),
+        "proxyErrors": proxy_errors,
     })
 }
 

@@ -130,7 +130,7 @@ impl SidecarIndex {
                 Some(old) if old.same_content(&fresh) => old,
                 _ => {
                     for e in scope_errors {
-                        tracing::warn!(namespace = ns, reason = "sidecar_resource", "{e}");
+                        tracing::warn!(namespace = ns, reason = "sidecar", "{e}");
                     }
                     Arc::new(fresh)
                 }
