@@ -14,12 +14,15 @@ use mesh_e2e::injection;
 use mesh_e2e::waypoint::Waypoint;
 use mesh_testutil::netns::have_root;
 use mesh_testutil::{
-    http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, JwtIssuer, Netns,
+    http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, JwtIssuer, Netns, TlsFiles,
 };
 
 const APP_PORT: u16 = 8080;
 const SERVER_VIP: &str = "10.96.0.30";
 const AMBIENT_VIP: &str = "10.96.0.31";
+const SECURE_VIP: &str = "10.96.0.32";
+const SECURE_PORT: u16 = 8443;
+const SECURE_NAME: &str = "secure.example.com";
 const APP_METRICS_PORT: u16 = 9100;
 const APP_METRIC: &str = "app_orders_total 7";
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/legacy/sa/client";
@@ -42,6 +45,12 @@ fn setup(dir: &ClusterDir) {
     );
     dir.write("svc-server.yaml", &service("legacy", "server", SERVER_VIP));
     dir.write("svc-amb.yaml", &service("demo", "amb", AMBIENT_VIP));
+    // The outsider's HTTPS port, which callers reach in plain HTTP on 80: their sidecar
+    // originates the TLS (DestinationRule SIMPLE / MUTUAL).
+    dir.write(
+        "svc-secure.yaml",
+        &format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: secure\n  namespace: legacy\nspec:\n  clusterIP: {SECURE_VIP}\n  selector: {{app: outsider}}\n  ports:\n  - name: http\n    port: 80\n    targetPort: {SECURE_PORT}\n"),
+    );
 }
 
 /// A pod of `legacy` through the real injector, with the ambient profile's proxy metadata
@@ -104,7 +113,10 @@ fn requires_a_token(m: &Mesh) {
     assert_eq!(status(Some(&forged)), 401, "a forged token is refused");
     assert_eq!(status(Some(&good)), 200, "a valid token passes");
     m.cluster.objects().remove("authn.yaml");
-    assert!(eventually(|| status(None) == 200), "no token needed again");
+    assert!(
+        eventually(|| status(None) == 200 && draining() == 0),
+        "no token needed again"
+    );
 }
 
 /// A Sidecar resource selecting the client: its own namespace only, REGISTRY_ONLY. The server
@@ -148,6 +160,82 @@ fn sidecar_resource_scopes_the_client(m: &Mesh) {
     );
 }
 
+/// The client calls `secure` (the outsider's HTTPS server, which requires a client certificate
+/// of its CA) in plain HTTP: without a DestinationRule its sidecar sends plain text, which the
+/// server refuses; `SIMPLE` with the CA verifies the server but presents no certificate, still
+/// refused; `MUTUAL` with the client certificate gets through.
+fn destination_rule_originates_tls(m: &Mesh) {
+    let secure = SocketAddr::from((SECURE_VIP.parse::<Ipv4Addr>().expect("vip"), 80));
+    let status = || get(&m.client.netns, secure).map_or(0, |r| r.status);
+    // Envoy's answer when the upstream breaks the exchange: 502 (not HTTP) or 503 (reset).
+    let refused = || matches!(status(), 502 | 503);
+    assert!(
+        eventually(|| refused() && m.secure_app.tls_failures() > 0),
+        "plain text to a TLS server fails: {:?}\n{}",
+        get(&m.client.netns, secure),
+        m.logs()
+    );
+    let dr = |tls: &str| {
+        m.cluster.objects().write(
+            "dr-secure.yaml",
+            &format!("apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata:\n  name: secure\n  namespace: legacy\nspec:\n  host: secure.legacy.svc.cluster.local\n  trafficPolicy:\n    tls: {tls}\n"),
+        );
+    };
+    let ca = m.tls.ca.display().to_string();
+    // The client sidecar's TLS counters for `secure`, read between the steps so each one
+    // checks that its own settings are in force.
+    let ssl = |what: &str| {
+        let name = format!("cluster.outbound|80||secure.legacy.svc.cluster.local.ssl.{what}");
+        let stats = m.client_proxy.admin("/stats?filter=secure\\.legacy");
+        (stats.lines())
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let mut seen = Vec::new();
+    let (failed_before, errors_before) = (m.secure_app.tls_failures(), ssl("connection_error"));
+    dr(&format!(
+        "{{mode: SIMPLE, caCertificates: {ca}, sni: {SECURE_NAME}}}"
+    ));
+    let simple_refused = eventually(|| {
+        let st = status();
+        seen.push(st);
+        matches!(st, 502 | 503)
+            && ssl("connection_error") > errors_before
+            && m.secure_app.tls_failures() > failed_before
+    });
+    assert!(
+        simple_refused,
+        "SIMPLE: TLS without a client certificate, which the server refuses; statuses {seen:?}\n{}",
+        m.logs()
+    );
+    dr(&format!(
+        "{{mode: MUTUAL, caCertificates: {ca}, sni: {SECURE_NAME}, clientCertificate: {}, privateKey: {}}}",
+        m.tls.client_cert.display(),
+        m.tls.client_key.display()
+    ));
+    let through = eventually(|| {
+        get(&m.client.netns, secure).is_some_and(|r| r.status == 200 && r.body == "secure")
+    });
+    assert!(
+        through && ssl("handshake") > 0,
+        "MUTUAL: TLS originated by the client's sidecar\n{}",
+        m.logs()
+    );
+    // The server's name is checked: another SAN is refused.
+    dr(&format!(
+        "{{mode: MUTUAL, caCertificates: {ca}, sni: {SECURE_NAME}, subjectAltNames: [other.example.com], clientCertificate: {}, privateKey: {}}}",
+        m.tls.client_cert.display(),
+        m.tls.client_key.display()
+    ));
+    assert!(
+        eventually(|| status() == 503 && ssl("fail_verify_san") > 0),
+        "a SAN mismatch is refused\n{}",
+        m.logs()
+    );
+    m.cluster.objects().remove("dr-secure.yaml");
+}
+
 fn vip() -> SocketAddr {
     SocketAddr::from((SERVER_VIP.parse::<Ipv4Addr>().expect("vip"), 80))
 }
@@ -185,6 +273,9 @@ struct Mesh {
     _apps: Vec<HttpApp>,
     client_proxy: Waypoint,
     server_proxy: Waypoint,
+    secure_app: HttpApp,
+    tls: TlsFiles,
+    _tls_dir: tempfile::TempDir,
 }
 
 fn deploy() -> Mesh {
@@ -204,6 +295,16 @@ fn deploy() -> Mesh {
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT));
     let app = HttpApp::start(&server.netns, any, "server").expect("server app");
     let outsider_app = HttpApp::start(&outsider.netns, any, "outsider").expect("outsider app");
+    let tls_dir = tempfile::tempdir().expect("tls dir");
+    let tls = TlsFiles::generate(tls_dir.path(), "outsider-ca", SECURE_NAME);
+    let secure_addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, SECURE_PORT));
+    let secure_app = HttpApp::start_tls(
+        &outsider.netns,
+        secure_addr,
+        "secure",
+        tls.server_config(true),
+    )
+    .expect("https app");
     let amb_app = HttpApp::start(&amb.netns, any, "amb").expect("ambient app");
     // The server's own metrics, which its sidecar merges into the status port's.
     let metrics_addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_METRICS_PORT));
@@ -222,6 +323,9 @@ fn deploy() -> Mesh {
         _apps: vec![outsider_app, amb_app, app_metrics],
         client_proxy,
         server_proxy,
+        secure_app,
+        tls,
+        _tls_dir: tls_dir,
     }
 }
 
@@ -340,6 +444,7 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
 
     requires_a_token(&m);
     sidecar_resource_scopes_the_client(&m);
+    destination_rule_originates_tls(&m);
 
     // Request metrics from both sidecars, each reporting its own side.
     let counted = |proxy: &Waypoint, want: &[&str]| {

@@ -205,7 +205,8 @@ pub struct OutlierDetection {
     pub min_health_percent: Option<i64>,
 }
 
-/// `mode`: `DISABLE`, `SIMPLE`, `MUTUAL` or `ISTIO_MUTUAL`.
+/// `mode`: `DISABLE`, `SIMPLE`, `MUTUAL` or `ISTIO_MUTUAL`. For `SIMPLE` and `MUTUAL` (TLS
+/// the proxy originates to the destination) the files are paths in the proxy's container.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
@@ -216,4 +217,16 @@ pub struct ClientTlsSettings {
     pub sni: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_certificates: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_crl: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subject_alt_names: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub insecure_skip_verify: Option<bool>,
 }

@@ -26,6 +26,7 @@ use crate::netns::{Netns, NetnsError};
 #[derive(Debug, Default)]
 struct Shared {
     hits: AtomicUsize,
+    tls_failures: AtomicUsize,
     last_headers: Mutex<BTreeMap<String, String>>,
 }
 
@@ -43,10 +44,32 @@ impl HttpApp {
     pub fn start(netns: &Netns, addr: SocketAddr, name: &str) -> Result<HttpApp, NetnsError> {
         let listener = netns.tcp_listen(addr)?;
         let local = listener.local_addr().unwrap_or(addr);
-        Ok(HttpApp::serve(listener, local, name))
+        Ok(HttpApp::serve(listener, local, name, None))
     }
 
-    fn serve(listener: TcpListener, addr: SocketAddr, name: &str) -> HttpApp {
+    /// Serves HTTPS (HTTP/1.1 over TLS with `tls`) on `addr` inside `netns`.
+    pub fn start_tls(
+        netns: &Netns,
+        addr: SocketAddr,
+        name: &str,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> Result<HttpApp, NetnsError> {
+        let listener = netns.tcp_listen(addr)?;
+        let local = listener.local_addr().unwrap_or(addr);
+        Ok(HttpApp::serve(listener, local, name, Some(tls)))
+    }
+
+    /// TLS handshakes that failed so far (HTTPS only).
+    pub fn tls_failures(&self) -> usize {
+        self.shared.tls_failures.load(Ordering::Relaxed)
+    }
+
+    fn serve(
+        listener: TcpListener,
+        addr: SocketAddr,
+        name: &str,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> HttpApp {
         let shared = Arc::new(Shared::default());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
         let state = Arc::clone(&shared);
@@ -58,7 +81,7 @@ impl HttpApp {
             else {
                 return;
             };
-            rt.block_on(run(listener, state, name, stop_rx));
+            rt.block_on(run(listener, state, (name, tls), stop_rx));
         });
         HttpApp {
             addr,
@@ -101,9 +124,10 @@ impl Drop for HttpApp {
 async fn run(
     listener: TcpListener,
     shared: Arc<Shared>,
-    name: String,
+    (name, tls): (String, Option<Arc<rustls::ServerConfig>>),
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     if listener.set_nonblocking(true).is_err() {
         return;
     }
@@ -118,13 +142,26 @@ async fn run(
         let Ok((stream, _)) = accepted else { continue };
         let shared = Arc::clone(&shared);
         let name = name.clone();
+        let acceptor = acceptor.clone();
         tokio::spawn(async move {
+            let served = Arc::clone(&shared);
             let service = hyper::service::service_fn(move |req| {
-                handle(req, Arc::clone(&shared), name.clone())
+                handle(req, Arc::clone(&served), name.clone())
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let http = hyper::server::conn::http1::Builder::new();
+            match acceptor {
+                None => {
+                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                }
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(tls) => {
+                        let _ = http.serve_connection(TokioIo::new(tls), service).await;
+                    }
+                    Err(_) => {
+                        shared.tls_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                },
+            }
         });
     }
 }

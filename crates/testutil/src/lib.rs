@@ -15,6 +15,7 @@ mod memory_snapshot;
 pub mod netns;
 mod objects;
 mod pki;
+mod tls_files;
 mod wait;
 
 pub use cluster_dir::ClusterDir;
@@ -31,4 +32,5 @@ pub use memory_snapshot::MemorySnapshot;
 pub use netns::{Netns, NetnsError, TestNet};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};
 pub use pki::TestPki;
+pub use tls_files::TlsFiles;
 pub use wait::{eventually, eventually_async, eventually_blocking};

@@ -193,9 +193,45 @@ impl DeltaStream {
         snapshot: &S,
         changed: Option<&BTreeSet<String>>,
     ) -> Option<DeltaDiscoveryResponse> {
+        let delta = self
+            .types
+            .get_mut(type_url)?
+            .compute(type_url, snapshot, changed)?;
+        if type_url == mesh_proto::type_url::CLUSTER {
+            self.rewarm_endpoints(&delta.resources);
+        }
         let state = self.types.get_mut(type_url)?;
-        let delta = state.compute(type_url, snapshot, changed)?;
         Some(state.record_sent(type_url, snapshot.version(), delta))
+    }
+
+    /// An EDS cluster Envoy receives again (changed) is rebuilt and warms until its
+    /// ClusterLoadAssignment arrives; Envoy does not ask again for a name it is already
+    /// subscribed to, so the assignment of each one goes out again, even unchanged, right
+    /// after the clusters (the types are pushed in type URL order: clusters, then endpoints).
+    fn rewarm_endpoints(&mut self, clusters: &[Arc<Resource>]) {
+        use mesh_proto::envoy::pb::envoy::config::cluster::v3::{
+            cluster::{ClusterDiscoveryType, DiscoveryType},
+            Cluster,
+        };
+        use prost::Message;
+        let Some(eds) = self.types.get_mut(mesh_proto::type_url::ENDPOINT) else {
+            return;
+        };
+        for res in clusters {
+            let Ok(c) = Cluster::decode(res.body.value.as_slice()) else {
+                continue;
+            };
+            let eds_type = ClusterDiscoveryType::Type(DiscoveryType::Eds as i32);
+            if c.cluster_discovery_type != Some(eds_type) {
+                continue;
+            }
+            let name = (c.eds_cluster_config.map(|e| e.service_name))
+                .filter(|n| !n.is_empty())
+                .unwrap_or(c.name);
+            if eds.known.contains_key(&name) && (eds.wildcard || eds.names.contains(&name)) {
+                eds.requested.insert(name);
+            }
+        }
     }
 
     /// The size a full response of `type_url` would have now, as (resources, about how many

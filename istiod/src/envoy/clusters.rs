@@ -212,14 +212,25 @@ fn port_cluster(
     };
     let policy = ClusterPolicy::resolve(svc.destination_rule.as_deref(), subset, port.port);
     match inputs.flavor {
-        Flavor::Waypoint => cluster.transport_socket = Some(internal_upstream(true)),
-        Flavor::Sidecar { send_hbone, .. } => sidecar_transport(
-            &mut cluster,
-            inputs,
-            (svc, port),
-            policy.tls_mode,
-            send_hbone,
-        ),
+        Flavor::Waypoint => {
+            cluster.transport_socket = Some(internal_upstream(true));
+            if let Some(mode @ ("SIMPLE" | "MUTUAL")) = policy.tls_mode() {
+                report.error(
+                    "trafficPolicy.tls.mode",
+                    format!("{mode} (TLS from the waypoint to the application) is not supported on waypoints; the traffic stays inside HBONE's mutual TLS"),
+                );
+            }
+        }
+        Flavor::Sidecar { send_hbone, .. } => match origination(svc, policy.tls, report) {
+            Some(tls) => cluster.transport_socket = Some(tls::origination_client(&tls)),
+            None => sidecar_transport(
+                &mut cluster,
+                inputs,
+                (svc, port),
+                policy.tls_mode(),
+                send_hbone,
+            ),
+        },
     }
     let common = destination_rule::apply(&mut cluster, &policy, report);
     let options = match (protocol.upstream_h2(), protocol == Protocol::Tcp, common) {
@@ -236,6 +247,56 @@ fn port_cluster(
             .insert(HTTP_PROTOCOL_OPTIONS.to_string(), pack(&options));
     }
     cluster
+}
+
+/// The TLS a sidecar originates for DestinationRule `SIMPLE` or `MUTUAL` (to every endpoint, in
+/// place of auto mutual TLS and HBONE): SNI `sni` or the host; the server verified against
+/// `caCertificates` (else the system bundle) and `subjectAltNames` (else the SNI), unless
+/// `insecureSkipVerify`; `MUTUAL` presents `clientCertificate` and `privateKey`.
+/// `credentialName` (a Secret the agent would serve) is reported as not supported.
+fn origination(
+    svc: &BoundService,
+    tls: Option<&mesh_api::ClientTlsSettings>,
+    report: &mut Reporter<'_>,
+) -> Option<tls::Origination> {
+    let tls = tls?;
+    let mutual = match tls.mode.as_deref() {
+        Some("SIMPLE") => false,
+        Some("MUTUAL") => true,
+        _ => return None,
+    };
+    if tls.credential_name.is_some() {
+        report.error(
+            "trafficPolicy.tls.credentialName",
+            "reading client certificates from a Secret is not supported; use clientCertificate, privateKey and caCertificates (files in the proxy)".into(),
+        );
+    }
+    let client_cert = match (&tls.client_certificate, &tls.private_key) {
+        (Some(c), Some(k)) if mutual => Some((c.clone(), k.clone())),
+        _ if mutual && tls.credential_name.is_none() => {
+            report.error(
+                "trafficPolicy.tls",
+                "MUTUAL needs clientCertificate and privateKey; the proxy originates TLS without a client certificate".into(),
+            );
+            None
+        }
+        _ => None,
+    };
+    let sni = tls.sni.clone().unwrap_or_else(|| svc.hostname.clone());
+    let verify = tls.insecure_skip_verify != Some(true);
+    let sans = match tls.subject_alt_names.is_empty() {
+        true => vec![sni.clone()],
+        false => tls.subject_alt_names.clone(),
+    };
+    Some(tls::Origination {
+        ca_file: verify.then(|| {
+            (tls.ca_certificates.clone()).unwrap_or_else(|| tls::SYSTEM_CA_BUNDLE.to_string())
+        }),
+        crl_file: tls.ca_crl.clone().filter(|_| verify),
+        sans,
+        sni,
+        client_cert,
+    })
 }
 
 /// How a sidecar reaches a service port's endpoints, by transport socket match on each

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use mesh_api::{
-    ConnectionPoolSettings, ConsistentHash, DestinationRule, LoadBalancerSettings,
-    OutlierDetection as IstioOutlier, Subset, TrafficPolicy,
+    ClientTlsSettings, ConnectionPoolSettings, ConsistentHash, DestinationRule,
+    LoadBalancerSettings, OutlierDetection as IstioOutlier, Subset, TrafficPolicy,
 };
 use mesh_proto::envoy::pb::envoy::config::cluster::v3::{
     circuit_breakers::Thresholds,
@@ -33,7 +33,7 @@ pub struct ClusterPolicy<'a> {
     pub load_balancer: Option<&'a LoadBalancerSettings>,
     pub connection_pool: Option<&'a ConnectionPoolSettings>,
     pub outlier_detection: Option<&'a IstioOutlier>,
-    pub tls_mode: Option<&'a str>,
+    pub tls: Option<&'a ClientTlsSettings>,
 }
 
 impl<'a> ClusterPolicy<'a> {
@@ -49,13 +49,13 @@ impl<'a> ClusterPolicy<'a> {
                 load_balancer: p.load_balancer.as_ref(),
                 connection_pool: p.connection_pool.as_ref(),
                 outlier_detection: p.outlier_detection.as_ref(),
-                tls_mode: p.tls.as_ref().and_then(|t| t.mode.as_deref()),
+                tls: p.tls.as_ref(),
             },
             None => ClusterPolicy {
                 load_balancer: policy.load_balancer.as_ref(),
                 connection_pool: policy.connection_pool.as_ref(),
                 outlier_detection: policy.outlier_detection.as_ref(),
-                tls_mode: policy.tls.as_ref().and_then(|t| t.mode.as_deref()),
+                tls: policy.tls.as_ref(),
             },
         })
     }
@@ -77,8 +77,13 @@ impl<'a> ClusterPolicy<'a> {
             load_balancer: own.load_balancer.or(base.load_balancer),
             connection_pool: own.connection_pool.or(base.connection_pool),
             outlier_detection: own.outlier_detection.or(base.outlier_detection),
-            tls_mode: own.tls_mode.or(base.tls_mode),
+            tls: own.tls.or(base.tls),
         }
+    }
+
+    /// The TLS mode (`DISABLE`, `SIMPLE`, `MUTUAL`, `ISTIO_MUTUAL`), if the policy sets one.
+    pub fn tls_mode(&self) -> Option<&'a str> {
+        self.tls.and_then(|t| t.mode.as_deref())
     }
 
     fn consistent_hash(&self) -> Option<&'a ConsistentHash> {
@@ -108,7 +113,7 @@ pub struct Reporter<'e> {
 }
 
 impl Reporter<'_> {
-    fn error(&mut self, part: &str, problem: String) {
+    pub(super) fn error(&mut self, part: &str, problem: String) {
         let field = if self.field.is_empty() {
             part.to_string()
         } else {
@@ -148,13 +153,6 @@ pub fn apply(
     let common = apply_connection_pool(cluster, policy.connection_pool, report);
     if let Some(o) = policy.outlier_detection {
         apply_outlier(cluster, o, report);
-    }
-    match policy.tls_mode {
-        None | Some("DISABLE") | Some("ISTIO_MUTUAL") => {}
-        Some(other) => report.error(
-            "trafficPolicy.tls.mode",
-            format!("{other} (TLS from the waypoint to the application) is not supported on waypoints; the traffic stays inside HBONE's mutual TLS"),
-        ),
     }
     common
 }

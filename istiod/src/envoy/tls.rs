@@ -169,6 +169,70 @@ pub fn istio_mutual_server(trust_domain: &str, alpn: &[&str]) -> TransportSocket
     transport_socket(pack(&ctx))
 }
 
+/// Where a proxy finds the roots to verify a server when a DestinationRule names none (the
+/// system bundle of Debian-based images, Istio's proxy image among them).
+pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// TLS a sidecar originates to a destination (DestinationRule `SIMPLE` / `MUTUAL`), all files
+/// read by Envoy from the proxy's filesystem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origination {
+    pub sni: String,
+    /// Roots to verify the server with; `None`: no verification (`insecureSkipVerify`).
+    pub ca_file: Option<String>,
+    pub crl_file: Option<String>,
+    /// Names the server's certificate must carry (DNS, or URI when it has a scheme).
+    pub sans: Vec<String>,
+    /// `MUTUAL`: the client certificate chain and key.
+    pub client_cert: Option<(String, String)>,
+}
+
+/// The transport socket of [`Origination`].
+pub fn origination_client(o: &Origination) -> TransportSocket {
+    use mesh_proto::envoy::pb::envoy::config::core::v3::{data_source, DataSource};
+    use mesh_proto::envoy::pb::envoy::extensions::transport_sockets::tls::v3::TlsCertificate;
+    let file = |path: &str| DataSource {
+        specifier: Some(data_source::Specifier::Filename(path.to_string())),
+        ..DataSource::default()
+    };
+    let validation = o.ca_file.as_deref().map(|ca| {
+        ValidationContextType::ValidationContext(CertificateValidationContext {
+            trusted_ca: Some(file(ca)),
+            crl: o.crl_file.as_deref().map(file),
+            match_typed_subject_alt_names: (o.sans.iter())
+                .map(|s| {
+                    let exact = string_matcher::MatchPattern::Exact(s.clone());
+                    if s.contains("://") {
+                        uri_san(exact)
+                    } else {
+                        SubjectAltNameMatcher {
+                            san_type: SanType::Dns as i32,
+                            ..uri_san(exact)
+                        }
+                    }
+                })
+                .collect(),
+            ..CertificateValidationContext::default()
+        })
+    });
+    let ctx = UpstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificates: (o.client_cert.iter())
+                .map(|(chain, key)| TlsCertificate {
+                    certificate_chain: Some(file(chain)),
+                    private_key: Some(file(key)),
+                    ..TlsCertificate::default()
+                })
+                .collect(),
+            validation_context_type: validation,
+            ..CommonTlsContext::default()
+        }),
+        sni: o.sni.clone(),
+        ..UpstreamTlsContext::default()
+    };
+    transport_socket(pack(&ctx))
+}
+
 fn transport_socket(config: mesh_proto::envoy::pb::google::protobuf::Any) -> TransportSocket {
     use mesh_proto::envoy::pb::envoy::config::core::v3::transport_socket::ConfigType;
     TransportSocket {

@@ -284,3 +284,76 @@ fn a_subscription_change_with_a_stale_nonce_still_counts() {
     let resp = s.respond(T, &next, None).expect("response");
     assert!(names(&resp).contains(&"b"), "{:?}", names(&resp));
 }
+
+/// A snapshot of one EDS cluster `c` (its `lb` setting varies) and its assignment.
+fn cluster_snapshot(version: u64, lb_policy: i32) -> TestSnapshot {
+    use mesh_proto::envoy::pb::envoy::config::cluster::v3::{
+        cluster::{ClusterDiscoveryType, DiscoveryType},
+        Cluster,
+    };
+    use mesh_proto::envoy::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    let cluster = Cluster {
+        name: "c".into(),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        lb_policy,
+        ..Cluster::default()
+    };
+    let cla = ClusterLoadAssignment {
+        cluster_name: "c".into(),
+        ..ClusterLoadAssignment::default()
+    };
+    let (cds, eds) = (
+        mesh_proto::type_url::CLUSTER,
+        mesh_proto::type_url::ENDPOINT,
+    );
+    let mut s = TestSnapshot {
+        version,
+        ..TestSnapshot::default()
+    };
+    let one = |r: Resource| {
+        let mut m = ResourceMap::new();
+        m.insert(r.name.clone(), Arc::new(r));
+        m
+    };
+    s.maps.insert(
+        cds.into(),
+        one(Resource::new(cds, "c", Vec::new(), &cluster)),
+    );
+    s.maps
+        .insert(eds.into(), one(Resource::new(eds, "c", Vec::new(), &cla)));
+    s
+}
+
+#[test]
+fn a_changed_eds_cluster_gets_its_assignment_again() {
+    let (cds, eds) = (
+        mesh_proto::type_url::CLUSTER,
+        mesh_proto::type_url::ENDPOINT,
+    );
+    let typed = |t: &str, sub: &[&str]| DeltaDiscoveryRequest {
+        type_url: t.to_string(),
+        ..req(sub, &[])
+    };
+    let snap = cluster_snapshot(1, 0);
+    let mut s = DeltaStream::new();
+    s.handle_request(&typed(cds, &[])).expect("cds");
+    let first = s.respond(cds, &snap, None).expect("cds response");
+    s.handle_request(&typed(eds, &["c"])).expect("eds");
+    let first_eds = s.respond(eds, &snap, None).expect("eds response");
+    for r in [&first, &first_eds] {
+        s.handle_request(&ack(r)).expect("ack");
+    }
+    // The cluster changes, its assignment does not: both go out, clusters first.
+    let next = cluster_snapshot(2, 1);
+    let pushed = s.push(&next, None);
+    let types: Vec<(&str, Vec<&str>)> = pushed
+        .iter()
+        .map(|r| (r.type_url.as_str(), names(r)))
+        .collect();
+    assert_eq!(types, vec![(cds, vec!["c"]), (eds, vec!["c"])]);
+    for r in &pushed {
+        s.handle_request(&ack(r)).expect("ack");
+    }
+    // Nothing changed: nothing is sent.
+    assert!(s.push(&next, None).is_empty());
+}

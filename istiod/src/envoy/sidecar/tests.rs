@@ -584,3 +584,107 @@ fn envoy_validates_registry_only_and_ingress_endpoints() {
         &inline_routes(&registry_only_with_ingress_endpoints()),
     );
 }
+
+/// `shop`'s sidecars with a DestinationRule on db whose policy is `tls` (YAML).
+fn with_db_tls(tls: &str) -> ProxyResources {
+    let mut inp = outbound_inputs();
+    let dr = format!(
+        "metadata: {{name: db, namespace: shop}}\nspec:\n  host: db\n  trafficPolicy:\n    tls: {tls}\n"
+    );
+    let db = inp
+        .services
+        .iter_mut()
+        .find(|s| s.name == "db")
+        .expect("db");
+    db.destination_rule = Some(Arc::new(serde_yaml::from_str(&dr).expect("dr")));
+    generate_outbound(&inp, 1)
+}
+
+/// db's cluster and its TLS context, printed.
+fn db_tls(res: &ProxyResources) -> (Cluster, String) {
+    use mesh_proto::envoy::pb::envoy::config::core::v3::transport_socket::ConfigType as SocketConfig;
+    use mesh_proto::envoy::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
+    let clusters: Vec<Cluster> = decode(res, type_url::CLUSTER);
+    let c = (clusters.into_iter())
+        .find(|c| c.name == "outbound|9000||db.shop.svc.cluster.local")
+        .expect("db cluster");
+    let Some(SocketConfig::TypedConfig(any)) = c
+        .transport_socket
+        .as_ref()
+        .and_then(|t| t.config_type.clone())
+    else {
+        panic!("db has one transport socket: {c:?}");
+    };
+    let ctx = UpstreamTlsContext::decode(any.value.as_slice()).expect("tls context");
+    (c, format!("{ctx:?}"))
+}
+
+#[test]
+fn destination_rule_simple_and_mutual_originate_tls_with_the_files() {
+    let (c, tls) = db_tls(&with_db_tls(
+        "{mode: SIMPLE, caCertificates: /etc/certs/ca.pem, sni: db.example.com, subjectAltNames: [db.example.com]}",
+    ));
+    assert!(
+        c.transport_socket_matches.is_empty(),
+        "no auto mutual TLS or HBONE"
+    );
+    for want in [
+        "sni: \"db.example.com\"",
+        "/etc/certs/ca.pem",
+        "Exact(\"db.example.com\")",
+    ] {
+        assert!(tls.contains(want), "{want} in {tls}");
+    }
+    assert!(
+        tls.contains("tls_certificates: []"),
+        "SIMPLE has no client certificate: {tls}"
+    );
+    let res = with_db_tls(
+        "{mode: MUTUAL, clientCertificate: /etc/certs/cert.pem, privateKey: /etc/certs/key.pem}",
+    );
+    let (_, tls) = db_tls(&res);
+    for want in [
+        "/etc/certs/cert.pem",
+        "/etc/certs/key.pem",
+        super::super::tls::SYSTEM_CA_BUNDLE,
+        "sni: \"db.shop.svc.cluster.local\"",
+    ] {
+        assert!(tls.contains(want), "{want} in {tls}");
+    }
+    assert!(res.errors.is_empty(), "{:?}", res.errors);
+    let (_, tls) = db_tls(&with_db_tls("{mode: SIMPLE, insecureSkipVerify: true}"));
+    assert!(tls.contains("validation_context_type: None"), "{tls}");
+    // MUTUAL without a certificate, or from a Secret: named, TLS still originated.
+    let res = with_db_tls("{mode: MUTUAL, credentialName: db-client}");
+    let errors: Vec<String> = res.errors.iter().map(ToString::to_string).collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("credentialName") && e.contains("shop/db")),
+        "{errors:?}"
+    );
+    let res = with_db_tls("{mode: MUTUAL}");
+    let errors: Vec<String> = res.errors.iter().map(ToString::to_string).collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("MUTUAL needs clientCertificate")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn envoy_validates_tls_origination_with_real_files() {
+    let Some(envoy) = envoy_or_skip() else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = mesh_testutil::TlsFiles::generate(dir.path(), "test-ca", "db.example.com");
+    let res = with_db_tls(&format!(
+        "{{mode: MUTUAL, caCertificates: {}, clientCertificate: {}, privateKey: {}, sni: db.example.com}}",
+        files.ca.display(),
+        files.client_cert.display(),
+        files.client_key.display()
+    ));
+    envoy_validates(&envoy, &inline_routes(&res));
+}
