@@ -122,7 +122,8 @@ fn requires_a_token(m: &Mesh) {
 /// A Sidecar resource selecting the client: its own namespace only, REGISTRY_ONLY. The server
 /// (in `legacy`) still answers; the ambient service (`demo`, not imported) gets 502 from the
 /// client's sidecar (`block_all`), and a pod address that is no service is not passed
-/// through. Removing it restores both.
+/// through. A VirtualService it imports brings its destination (the ambient service) along.
+/// Removing it restores both.
 fn sidecar_resource_scopes_the_client(m: &Mesh) {
     m.cluster.objects().write(
         "sidecar.yaml",
@@ -148,6 +149,27 @@ fn sidecar_resource_scopes_the_client(m: &Mesh) {
             && !clusters.contains("outbound|80||amb.demo.svc.cluster.local"),
         "only legacy's service is configured"
     );
+    // A VirtualService of legacy's (imported by `./*`) that sends some requests to the
+    // ambient service brings that service into the scope with it.
+    m.cluster.objects().write(
+        "vs.yaml",
+        "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: server\n  namespace: legacy\nspec:\n  hosts: [server]\n  http:\n  - match: [{headers: {x-via: {exact: ambient}}}]\n    route: [{destination: {host: amb.demo.svc.cluster.local}}]\n  - route: [{destination: {host: server}}]\n",
+    );
+    let via_ambient = || {
+        get_with(&m.client.netns, vip(), &[("x-via", "ambient")])
+            .is_some_and(|r| r.status == 200 && r.body == "amb")
+    };
+    assert!(
+        eventually(via_ambient),
+        "the VirtualService's destination is reachable through it\n{}",
+        m.logs()
+    );
+    assert!(
+        (m.client_proxy.admin("/clusters?format=json"))
+            .contains("outbound|80||amb.demo.svc.cluster.local"),
+        "the ambient service is configured now"
+    );
+    m.cluster.objects().remove("vs.yaml");
     m.cluster.objects().remove("sidecar.yaml");
     let restored = eventually(|| {
         status(ambient_vip()) == 200

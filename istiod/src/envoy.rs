@@ -51,7 +51,7 @@ pub use routes::RouteError;
 pub const HBONE_PORT: u16 = mesh_capture::HBONE_PORT;
 /// Listener and cluster names, as istiod names them (tools and dashboards look for them).
 pub use telemetry::ISTIO_TEXT_FORMAT;
-pub use virtual_service::host_names as vs_host_names;
+pub use virtual_service::{host_names as vs_host_names, resolve_host as vs_resolve_host};
 
 pub mod names {
     pub const CONNECT_TERMINATE: &str = "connect_terminate";

@@ -60,7 +60,7 @@ pub fn host_names(host: &str, vs_ns: &str, namespace: &str, name: &str) -> bool 
 }
 
 /// The (namespace, name) a destination host names, relative to `vs_ns`.
-fn resolve_host<'a>(host: &'a str, vs_ns: &'a str) -> (&'a str, &'a str) {
+pub fn resolve_host<'a>(host: &'a str, vs_ns: &'a str) -> (&'a str, &'a str) {
     let mut parts = host.split('.');
     let name = parts.next().unwrap_or_default();
     (parts.next().unwrap_or(vs_ns), name)

@@ -14,7 +14,7 @@ use mesh_api::{Kind, Object, Sidecar};
 use super::state::State;
 use super::ModelConfig;
 use crate::envoy::sidecar::{SidecarError, SidecarScope};
-use crate::envoy::BoundService;
+use crate::envoy::{vs_resolve_host, BoundService};
 
 /// The scope in force for a pod in `ns` with `labels`, and the parts of its Sidecar that could
 /// not be applied.
@@ -78,22 +78,109 @@ fn oldest<'s>(it: impl Iterator<Item = &'s Sidecar>) -> Option<&'s Sidecar> {
 }
 
 /// `services` as `scope` leaves them: the ports it imports (a service without any is
-/// dropped) and the VirtualServices whose namespace it imports for the host.
+/// dropped) and the VirtualServices whose namespace it imports for the host; then, as Istio
+/// infers them, the services those VirtualServices route or mirror to (see
+/// [`add_destinations`]). Sorted by hostname.
 pub(crate) fn scoped(services: &[BoundService], scope: &SidecarScope) -> Vec<BoundService> {
-    services
+    let mut out: Vec<BoundService> = services
         .iter()
         .filter_map(|svc| {
             let mut svc = svc.clone();
             svc.ports
                 .retain(|p| scope.imports(&svc.namespace, &svc.hostname, p.port));
-            if svc.ports.is_empty() {
-                return None;
-            }
-            svc.virtual_services.retain(|vs| {
-                let vs_ns = vs.metadata.namespace.as_deref().unwrap_or("default");
-                scope.imports_virtual_service(vs_ns, &svc.hostname)
-            });
-            Some(svc)
+            (!svc.ports.is_empty()).then(|| visible_virtual_services(svc, scope))
         })
-        .collect()
+        .collect();
+    add_destinations(services, scope, &mut out);
+    out.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+    out
+}
+
+/// `svc` with only the VirtualServices `scope` imports for its host.
+fn visible_virtual_services(mut svc: BoundService, scope: &SidecarScope) -> BoundService {
+    svc.virtual_services.retain(|vs| {
+        let vs_ns = vs.metadata.namespace.as_deref().unwrap_or("default");
+        scope.imports_virtual_service(vs_ns, &svc.hostname)
+    });
+    svc
+}
+
+/// Adds to `out` the services that the VirtualServices an egress listener imports send
+/// requests to (route destinations and mirrors), so that a Sidecar importing a VirtualService
+/// does not also have to import its destinations, as in Istio: on a listener with a port,
+/// that port of the destination; on the catch-all, the destination's port, or every port when
+/// the destination names none. A destination host is the service of that name (short names
+/// relative to the VirtualService's namespace), else a service with that hostname, preferring
+/// the proxy's namespace, then the first namespace by name. Ports already imported stay as
+/// they are.
+fn add_destinations(all: &[BoundService], scope: &SidecarScope, out: &mut Vec<BoundService>) {
+    let mut wanted: Vec<(usize, u16)> = Vec::new();
+    for svc in all {
+        for vs in &svc.virtual_services {
+            let vs_ns = vs.metadata.namespace.as_deref().unwrap_or("default");
+            let listeners = scope.virtual_service_listeners(vs_ns, &svc.hostname);
+            if listeners.is_empty() {
+                continue;
+            }
+            let destinations = (vs.spec.http.iter())
+                .flat_map(|h| (h.route.iter().map(|r| &r.destination)).chain(h.mirror.as_ref()));
+            for d in destinations {
+                let Some(target) = destination_service(all, &d.host, vs_ns, scope.namespace())
+                else {
+                    continue;
+                };
+                let port = d.port.as_ref().map(|p| p.number).filter(|p| *p != 0);
+                for listener in &listeners {
+                    let want = listener.or(port);
+                    for p in &all[target].ports {
+                        if want.is_none_or(|w| w == p.port) {
+                            wanted.push((target, p.port));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (target, port) in wanted {
+        let full = &all[target];
+        let existing =
+            (out.iter()).position(|s| s.namespace == full.namespace && s.hostname == full.hostname);
+        let at = match existing {
+            Some(i) => i,
+            None => {
+                let mut svc = visible_virtual_services(full.clone(), scope);
+                svc.ports.clear();
+                out.push(svc);
+                out.len() - 1
+            }
+        };
+        let svc = &mut out[at];
+        if !svc.ports.iter().any(|p| p.port == port) {
+            let order = |q: u16| full.ports.iter().position(|p| p.port == q);
+            let at = (svc.ports.iter())
+                .position(|p| order(p.port) > order(port))
+                .unwrap_or(svc.ports.len());
+            if let Some(p) = full.ports.iter().find(|p| p.port == port) {
+                svc.ports.insert(at, p.clone());
+            }
+        }
+    }
+}
+
+/// The index in `all` of the service a VirtualService destination `host` names.
+fn destination_service(
+    all: &[BoundService],
+    host: &str,
+    vs_ns: &str,
+    proxy_ns: &str,
+) -> Option<usize> {
+    let (ns, name) = vs_resolve_host(host, vs_ns);
+    if let Some(i) = all.iter().position(|s| s.namespace == ns && s.name == name) {
+        return Some(i);
+    }
+    let named = || (all.iter().enumerate()).filter(|(_, s)| s.hostname.eq_ignore_ascii_case(host));
+    named()
+        .find(|(_, s)| s.namespace == proxy_ns)
+        .or_else(|| named().min_by(|a, b| a.1.namespace.cmp(&b.1.namespace)))
+        .map(|(i, _)| i)
 }

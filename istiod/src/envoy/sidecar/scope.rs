@@ -205,6 +205,20 @@ impl SidecarScope {
                 .any(|i| i.imports(vs_namespace, hostname))
     }
 
+    /// The egress listeners through which a VirtualService in `vs_namespace` for `hostname`
+    /// reaches the proxy, each by the port it listens on (`None`: the catch-all). Empty for the
+    /// default scope, which imports every service anyway.
+    pub fn virtual_service_listeners(
+        &self,
+        vs_namespace: &str,
+        hostname: &str,
+    ) -> Vec<Option<u16>> {
+        (self.egress.iter())
+            .filter(|e| e.hosts.iter().any(|i| i.imports(vs_namespace, hostname)))
+            .map(|e| e.port)
+            .collect()
+    }
+
     /// The namespace the scope was resolved for.
     pub fn namespace(&self) -> &str {
         &self.namespace

@@ -443,3 +443,68 @@ fn a_sidecar_change_pushes_only_the_proxies_it_applies_to() {
     );
     assert!(s2.sidecar(&key("echo-1")).changed_in > before);
 }
+
+fn virtual_service(ns: &str, name: &str, spec: serde_json::Value) -> mesh_api::Object {
+    obj(json!({
+        "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }))
+}
+
+#[test]
+fn services_a_scoped_virtual_service_routes_to_come_with_it() {
+    let mut m = three_namespaces();
+    m.apply(sidecar_resource(
+        "legacy",
+        "default",
+        "2024-01-01T00:00:00Z",
+        json!({"egress": [
+            {"port": {"number": 9000, "protocol": "TCP"}, "hosts": ["routing/*"]},
+            {"hosts": ["./*"]},
+        ]}),
+    ));
+    // Port 9000 is the `routing/*` listener's: echo on 80 and 9090 only.
+    let echo = [
+        "80||echo.legacy.svc.cluster.local",
+        "9090||echo.legacy.svc.cluster.local",
+    ];
+    assert_eq!(outbound_hosts(&m.build(), "echo-1"), echo);
+    // legacy's own VirtualService for echo (imported by `./*` on the catch-all): its
+    // destination without a port brings every port of web, its mirror one port of istiod.
+    m.apply(virtual_service(
+        "legacy",
+        "echo",
+        json!({"hosts": ["echo"], "http": [{
+            "route": [{"destination": {"host": "web.shop.svc.cluster.local"}}],
+            "mirror": {"host": "istiod.istio-system.svc.cluster.local", "port": {"number": 9090}},
+        }]}),
+    ));
+    let mut want: Vec<&str> = echo.to_vec();
+    want.extend([
+        "9090||istiod.istio-system.svc.cluster.local",
+        "80||web.shop.svc.cluster.local",
+        "9000||web.shop.svc.cluster.local",
+        "9090||web.shop.svc.cluster.local",
+    ]);
+    want.sort();
+    assert_eq!(outbound_hosts(&m.build(), "echo-1"), want);
+    // A VirtualService in `routing` for shop's web, imported only by the 9000 listener:
+    // its destination on that listener's port only.
+    m.apply(virtual_service(
+        "routing",
+        "web",
+        json!({"hosts": ["web.shop.svc.cluster.local"], "http": [{
+            "route": [{"destination": {"host": "istiod.istio-system.svc.cluster.local", "port": {"number": 9000}}}],
+        }]}),
+    ));
+    want.push("9000||istiod.istio-system.svc.cluster.local");
+    want.sort();
+    let s = m.build();
+    assert_eq!(outbound_hosts(&s, "echo-1"), want);
+    let errors = s.sidecar(&key("echo-1")).errors.clone();
+    assert!(errors.is_empty(), "{errors:?}");
+    // Without the Sidecar nothing is inferred: everything, as before.
+    m.delete(&ObjectKey::new(Kind::Sidecar, "legacy", "default"));
+    assert_eq!(outbound_hosts(&m.build(), "echo-1").len(), 9);
+}
