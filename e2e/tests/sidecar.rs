@@ -3,8 +3,8 @@
 //! its `istio-proxy` container (`pilot-agent proxy sidecar`, the real Envoy 1.40, configured by
 //! istiod), calling
 //! each other over Istio mutual TLS, calling ambient pods and called by them over HBONE, with
-//! PeerAuthentication and AuthorizationPolicy enforced at the receiving sidecar and a Sidecar
-//! resource scoping what the calling one reaches.
+//! PeerAuthentication and AuthorizationPolicy enforced at the receiving sidecar, a Sidecar
+//! resource scoping what the calling one reaches, and an ingress gateway routing into both.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
@@ -27,6 +27,9 @@ const APP_METRICS_PORT: u16 = 9100;
 const APP_METRIC: &str = "app_orders_total 7";
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/legacy/sa/client";
 const AMBIENT_CLIENT_ID: &str = "spiffe://cluster.local/ns/demo/sa/amb-client";
+const INGRESS_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/ingress";
+/// Where the ingress gateway's pod listens for its Gateway's port 80 (its Service's targetPort).
+const INGRESS_PORT: u16 = 8081;
 
 fn service(ns: &str, name: &str, vip: &str) -> String {
     format!(
@@ -34,7 +37,18 @@ fn service(ns: &str, name: &str, vip: &str) -> String {
     )
 }
 
+/// An ingress gateway as Istio users write one: its Service (80 to the pod's 8081), a Gateway
+/// selecting its pods on port 80 for every host, and VirtualServices bound to it by host: one
+/// to the sidecar server, one to the ambient service.
+fn ingress_objects(dir: &ClusterDir) {
+    dir.write(
+        "ingress.yaml",
+        &format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: ingress\n  namespace: istio-system\nspec:\n  clusterIP: 10.96.0.40\n  selector: {{istio: ingressgateway}}\n  ports:\n  - name: http2\n    port: 80\n    targetPort: {INGRESS_PORT}\n---\napiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: ingress\n  namespace: istio-system\nspec:\n  selector: {{istio: ingressgateway}}\n  servers:\n  - port: {{number: 80, name: http, protocol: HTTP}}\n    hosts: [\"*\"]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: server-ingress\n  namespace: legacy\nspec:\n  hosts: [server.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{{destination: {{host: server, port: {{number: 80}}}}}}]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: amb-ingress\n  namespace: demo\nspec:\n  hosts: [amb.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{{destination: {{host: amb}}}}]\n"),
+    );
+}
+
 fn setup(dir: &ClusterDir) {
+    ingress_objects(dir);
     dir.write(
         "ns.yaml",
         &namespace_yaml("legacy", &[("istio-injection", "enabled")]),
@@ -258,6 +272,41 @@ fn destination_rule_originates_tls(m: &Mesh) {
     m.cluster.objects().remove("dr-secure.yaml");
 }
 
+/// From outside the mesh through the ingress gateway (`pilot-agent proxy router`): by host to
+/// the sidecar server (Istio mutual TLS with the gateway's identity, accepted under the
+/// namespace's STRICT) and to the ambient service (HBONE to its ztunnel); a host no
+/// VirtualService names gets 404 from the gateway.
+fn ingress_gateway_routes_into_the_mesh(m: &Mesh) {
+    let gateway = m.ingress.addr(INGRESS_PORT);
+    let call = |host: &str| get_with(&m.outsider.netns, gateway, &[("host", host)]);
+    let answered = |host: &str, body: &str| {
+        eventually(|| call(host).is_some_and(|r| r.status == 200 && r.body == body))
+    };
+    assert!(
+        answered("server.example.com", "server"),
+        "ingress -> sidecar server: {:?}\n--- ingress\n{}\n{}",
+        call("server.example.com").map(|r| r.status),
+        m.ingress_proxy.log(),
+        m.logs()
+    );
+    let xfcc = m.xfcc();
+    assert!(
+        xfcc.contains(&format!("URI={INGRESS_ID}")),
+        "the server sidecar saw the gateway's certificate: {xfcc:?}"
+    );
+    assert!(
+        answered("amb.example.com:80", "amb"),
+        "ingress -> ambient service\n--- ingress\n{}",
+        m.ingress_proxy.log()
+    );
+    assert!(
+        m.cluster.node("node2").ztunnel.saw_inbound_from(INGRESS_ID),
+        "the ambient pod's ztunnel saw the gateway's identity"
+    );
+    assert_eq!(call("unknown.example.com").map(|r| r.status), Some(404));
+    nothing_rejected(&m.ingress_proxy);
+}
+
 fn vip() -> SocketAddr {
     SocketAddr::from((SERVER_VIP.parse::<Ipv4Addr>().expect("vip"), 80))
 }
@@ -295,6 +344,8 @@ struct Mesh {
     _apps: Vec<HttpApp>,
     client_proxy: Waypoint,
     server_proxy: Waypoint,
+    ingress: MeshPod,
+    ingress_proxy: Waypoint,
     secure_app: HttpApp,
     tls: TlsFiles,
     _tls_dir: tempfile::TempDir,
@@ -314,6 +365,8 @@ fn deploy() -> Mesh {
     let outsider = add(PodSpec::new("legacy", "outsider", "node1", "outsider"));
     let amb = add(PodSpec::new("demo", "amb", "node2", "amb"));
     let amb_client = add(PodSpec::new("demo", "amb-client", "node1", "amb-client"));
+    let ingress = add(PodSpec::new("istio-system", "ingress", "node1", "ingress")
+        .label("istio", "ingressgateway"));
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT));
     let app = HttpApp::start(&server.netns, any, "server").expect("server app");
     let outsider_app = HttpApp::start(&outsider.netns, any, "outsider").expect("outsider app");
@@ -333,8 +386,10 @@ fn deploy() -> Mesh {
     let app_metrics = HttpApp::start(&server.netns, metrics_addr, APP_METRIC).expect("metrics app");
     let server_proxy = injection::start_sidecar(&server, &cluster.istiod, &[]);
     let client_proxy = injection::start_sidecar(&client, &cluster.istiod, &[]);
+    let ingress_proxy = Waypoint::start_as(&ingress, &cluster.istiod, "router", &[]);
     server_proxy.wait_ready(Duration::from_secs(30));
     client_proxy.wait_ready(Duration::from_secs(30));
+    ingress_proxy.wait_ready(Duration::from_secs(30));
     Mesh {
         cluster,
         client,
@@ -345,6 +400,8 @@ fn deploy() -> Mesh {
         _apps: vec![outsider_app, amb_app, app_metrics],
         client_proxy,
         server_proxy,
+        ingress,
+        ingress_proxy,
         secure_app,
         tls,
         _tls_dir: tls_dir,
@@ -467,6 +524,7 @@ fn sidecars_call_each_other_over_istio_mutual_tls_and_enforce_policy() {
     requires_a_token(&m);
     sidecar_resource_scopes_the_client(&m);
     destination_rule_originates_tls(&m);
+    ingress_gateway_routes_into_the_mesh(&m);
 
     // Request metrics from both sidecars, each reporting its own side.
     let counted = |proxy: &Waypoint, want: &[&str]| {

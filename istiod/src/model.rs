@@ -23,6 +23,7 @@ mod claims;
 mod debug;
 mod endpoint_slice;
 mod peer_auth;
+mod routers;
 mod service;
 mod sidecar_scope;
 mod sidecars;

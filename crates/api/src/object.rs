@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     ApiError, AuthorizationPolicy, Deployment, DestinationRule, EndpointSlice, Gateway,
-    GatewayClass, GrpcRoute, HttpRoute, Namespace, Node, ObjectMeta, PeerAuthentication, Pod,
-    RequestAuthentication, Service, ServiceAccount, ServiceEntry, Sidecar, TcpRoute,
-    VirtualService, WorkloadEntry,
+    GatewayClass, GrpcRoute, HttpRoute, IstioGateway, Namespace, Node, ObjectMeta,
+    PeerAuthentication, Pod, RequestAuthentication, Service, ServiceAccount, ServiceEntry, Sidecar,
+    TcpRoute, VirtualService, WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -34,11 +34,13 @@ pub enum Kind {
     EndpointSlice,
     RequestAuthentication,
     Sidecar,
+    /// `networking.istio.io` Gateway (the Gateway API's is [`Kind::Gateway`]).
+    IstioGateway,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 21] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -59,6 +61,7 @@ impl Kind {
         Kind::EndpointSlice,
         Kind::RequestAuthentication,
         Kind::Sidecar,
+        Kind::IstioGateway,
     ];
 
     /// Every kind with its `apiVersion`, for messages (`v1 Namespace, v1 Pod, ...`).
@@ -93,6 +96,7 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::RequestAuthentication => "RequestAuthentication",
             Kind::Sidecar => "Sidecar",
+            Kind::IstioGateway => "Gateway",
         }
     }
 
@@ -106,7 +110,8 @@ impl Kind {
             | Kind::WorkloadEntry
             | Kind::VirtualService
             | Kind::DestinationRule
-            | Kind::Sidecar => "networking.istio.io",
+            | Kind::Sidecar
+            | Kind::IstioGateway => "networking.istio.io",
             Kind::AuthorizationPolicy | Kind::PeerAuthentication | Kind::RequestAuthentication => {
                 "security.istio.io"
             }
@@ -214,6 +219,7 @@ pub enum Object {
     EndpointSlice(Box<EndpointSlice>),
     RequestAuthentication(Box<RequestAuthentication>),
     Sidecar(Box<Sidecar>),
+    IstioGateway(Box<IstioGateway>),
 }
 
 impl Object {
@@ -239,6 +245,7 @@ impl Object {
             Object::EndpointSlice(_) => Kind::EndpointSlice,
             Object::RequestAuthentication(_) => Kind::RequestAuthentication,
             Object::Sidecar(_) => Kind::Sidecar,
+            Object::IstioGateway(_) => Kind::IstioGateway,
         }
     }
 
@@ -264,6 +271,7 @@ impl Object {
             Object::EndpointSlice(o) => &o.metadata,
             Object::RequestAuthentication(o) => &o.metadata,
             Object::Sidecar(o) => &o.metadata,
+            Object::IstioGateway(o) => &o.metadata,
         }
     }
 
@@ -320,6 +328,7 @@ impl Object {
                 Object::RequestAuthentication(decode(kind, &name, value)?)
             }
             Kind::Sidecar => Object::Sidecar(decode(kind, &name, value)?),
+            Kind::IstioGateway => Object::IstioGateway(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -377,6 +386,7 @@ impl Object {
             Object::EndpointSlice(o) => &mut o.metadata,
             Object::RequestAuthentication(o) => &mut o.metadata,
             Object::Sidecar(o) => &mut o.metadata,
+            Object::IstioGateway(o) => &mut o.metadata,
         }
     }
 }

@@ -585,6 +585,7 @@ const ISTIOD_CALLS: &[(&str, &str, &str)] = &[
     ("networking.istio.io", "virtualservices", "watch"),
     ("networking.istio.io", "destinationrules", "watch"),
     ("networking.istio.io", "sidecars", "watch"),
+    ("networking.istio.io", "gateways", "watch"),
     ("networking.istio.io", "gateways", "create"),
     ("security.istio.io", "authorizationpolicies", "watch"),
     ("security.istio.io", "peerauthentications", "list"),

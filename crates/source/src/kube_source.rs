@@ -121,6 +121,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::EndpointSlice => "endpointslices",
         Kind::RequestAuthentication => "requestauthentications",
         Kind::Sidecar => "sidecars",
+        Kind::IstioGateway => "gateways",
     }
 }
 

@@ -311,10 +311,11 @@ async fn exchange(
         .await
         .map_err(failed)?;
     let conn = tokio::spawn(conn);
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string());
+    let mut req = Request::builder().method(method).uri(path);
+    // The address, unless the caller names the host itself.
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req = req.header("host", addr.to_string());
+    }
     for (k, v) in headers {
         req = req.header(*k, *v);
     }

@@ -218,6 +218,7 @@ pub fn mesh_crd_types() -> Vec<ResourceType> {
         istio("networking.istio.io", "virtualservices", "VirtualService"),
         istio("networking.istio.io", "destinationrules", "DestinationRule"),
         istio("networking.istio.io", "sidecars", "Sidecar"),
+        istio("networking.istio.io", "gateways", "Gateway"),
         istio(
             "security.istio.io",
             "authorizationpolicies",

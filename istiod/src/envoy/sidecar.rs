@@ -11,6 +11,7 @@
 //!   AuthorizationPolicies and RequestAuthentications, and clusters `inbound|<port>||` that
 //!   hand the connection to the application from 127.0.0.6.
 
+mod gateway;
 mod inbound;
 mod outbound;
 mod scope;
@@ -22,6 +23,7 @@ use mesh_proto::type_url;
 use mesh_xds::{Resource, ResourceMap};
 use serde::Serialize;
 
+pub use gateway::{binds as vs_binds_gateway, BoundServer, GatewayInputs};
 pub use inbound::{InboundEndpoint, InboundPort, PeerMode, SidecarInputs};
 pub use scope::{validate_sidecar, IngressEndpoint, IngressPort, SidecarScope};
 
@@ -49,6 +51,12 @@ pub enum SidecarError {
         policy: String,
         port: u16,
         workload: String,
+    },
+    #[error("Gateway {gateway}: {field}: {problem}")]
+    Gateway {
+        gateway: String,
+        field: String,
+        problem: String,
     },
     #[error("Sidecar {sidecar}: {field}: {problem}")]
     Resource {
@@ -81,6 +89,20 @@ pub fn generate_sidecar(
     let mut errors = outbound.errors.clone();
     let mut out = Builder::from(outbound);
     inbound::generate(inputs, &mut out, &mut errors);
+    out.finish(version, errors)
+}
+
+/// A gateway proxy's configuration: the clusters and endpoints of `outbound` (a sidecar's
+/// outbound side for its namespace) with the listeners and routes of its Gateways' servers.
+pub fn generate_gateway(
+    outbound: &ProxyResources,
+    inputs: &GatewayInputs,
+    version: u64,
+) -> ProxyResources {
+    let mut errors = Vec::new();
+    let mut out = Builder::from(outbound);
+    gateway::outbound_part(&mut out);
+    gateway::generate(inputs, &mut out, &mut errors);
     out.finish(version, errors)
 }
 
@@ -117,6 +139,16 @@ impl Builder {
         );
         if let Some(map) = self.by_type.get_mut(type_url) {
             map.insert(name.to_string(), Arc::new(res));
+        }
+    }
+
+    /// Keeps the resources of `type_url` whose name `keep` accepts.
+    fn retain(&mut self, type_url: &'static str, keep: impl Fn(&str) -> bool) {
+        if let Some(map) = self.by_type.get_mut(type_url) {
+            let drop: Vec<String> = map.keys().filter(|n| !keep(n)).cloned().collect();
+            for name in drop {
+                map.remove(&name);
+            }
         }
     }
 

@@ -13,6 +13,7 @@ use mesh_xds::{ChangeSet, Resource, ResourceMap};
 
 use super::claims::Claims;
 use super::peer_auth::STATIC_STRICT_POLICY_NAME;
+use super::routers::RouterIndex;
 use super::sidecars::SidecarIndex;
 use super::snapshot::{AliasIndex, Snapshot, CHANGE_LOG_LEN};
 use super::state::State;
@@ -73,6 +74,7 @@ pub struct Model {
     recomputed_total: u64,
     waypoints: WaypointIndex,
     sidecars: SidecarIndex,
+    routers: RouterIndex,
     /// The configuration of a waypoint with nothing bound to it.
     empty_waypoint: Arc<crate::envoy::ProxyResources>,
     /// Status conditions as of the last build that could change them, and whether a change
@@ -98,6 +100,7 @@ impl Model {
             recomputed_total: 0,
             waypoints: WaypointIndex::default(),
             sidecars: SidecarIndex::default(),
+            routers: RouterIndex::default(),
             empty_waypoint: empty_waypoint(&cfg),
             statuses: Arc::default(),
             statuses_stale: true,
@@ -122,6 +125,7 @@ impl Model {
         self.dirty.insert(self.static_strict_key());
         self.waypoints.mark_all();
         self.sidecars.touch();
+        self.routers.touch();
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -180,6 +184,13 @@ impl Model {
             &self.addresses,
             self.version,
         );
+        self.routers.rebuild(
+            &self.cfg,
+            &self.state,
+            &self.waypoints,
+            &self.addresses,
+            self.version,
+        );
         self.log.push_back(Arc::new((self.version, changes)));
         while self.log.len() > CHANGE_LOG_LEN {
             self.log.pop_front();
@@ -200,6 +211,7 @@ impl Model {
             created_at: Some(std::time::Instant::now()),
             waypoints: self.waypoints.views.clone(),
             sidecars: self.sidecars.views.clone(),
+            routers: self.routers.views.clone(),
             empty_waypoint: Arc::clone(&self.empty_waypoint),
             statuses: Arc::clone(&self.statuses),
         })
@@ -217,6 +229,7 @@ impl Model {
     fn mark(&mut self, key: &ObjectKey, old: Option<&Object>) {
         self.waypoints.on_object(key, old, self.state.get(key));
         self.sidecars.on_object(key, self.state.get(key));
+        self.routers.touch();
         self.statuses_stale |= status::depends_on(key.kind);
         let mut dirty = vec![key.clone()];
         deps::affected(self, key, old, &mut dirty);
@@ -239,6 +252,7 @@ impl Model {
                 addr.insert(name.clone());
                 self.waypoints.on_address(name, None, &self.state);
                 self.sidecars.touch();
+                self.routers.touch();
             }
         }
         for r in out.addresses {
@@ -253,6 +267,7 @@ impl Model {
             self.waypoints
                 .on_address(&r.name, Some(&r.body.value), &self.state);
             self.sidecars.touch();
+            self.routers.touch();
             self.addresses.insert(r.name.clone(), r);
         }
         let authz = changes

@@ -29,7 +29,8 @@ pub(crate) fn render(s: &Snapshot) -> Value {
     // Problems in what a waypoint or sidecar is served (the offending part left out), by proxy.
     let mut proxy_errors = serde_json::Map::new();
     let proxies = (s.waypoints().map(|(k, r)| (format!("waypoint:{k}"), r)))
-        .chain(s.sidecars().map(|(k, r)| (format!("sidecar:{k}"), r)));
+        .chain(s.sidecars().map(|(k, r)| (format!("sidecar:{k}"), r)))
+        .chain(s.routers().map(|(k, r)| (format!("router:{k}"), r)));
     for (name, res) in proxies.filter(|(_, r)| !r.errors.is_empty()) {
         let list = res.errors.iter();
         let list = list.map(|e| json!({"reason": e.reason(), "message": e.to_string()}));

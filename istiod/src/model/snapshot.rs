@@ -6,6 +6,7 @@ use mesh_proto::type_url;
 use mesh_xds::{ChangeSet, ResourceMap, XdsSnapshot};
 
 use super::debug;
+use super::routers::RouterViews;
 use super::sidecars::SidecarViews;
 use super::state::{NodeIdentities, PodFacts, PodIndex};
 use super::status::Statuses;
@@ -39,6 +40,8 @@ pub struct Snapshot {
     pub(crate) waypoints: WaypointViews,
     /// Envoy configuration of each sidecar (by pod).
     pub(crate) sidecars: SidecarViews,
+    /// Envoy configuration of each gateway proxy (by pod).
+    pub(crate) routers: RouterViews,
     /// What a waypoint with nothing bound to it is served.
     pub(crate) empty_waypoint: Arc<ProxyResources>,
     /// Status conditions to report on the objects they concern.
@@ -49,6 +52,8 @@ pub struct Snapshot {
 const WAYPOINT_SCOPE: &str = "waypoint:";
 /// The scope prefix of sidecar proxies: `sidecar:<namespace>/<pod>`.
 const SIDECAR_SCOPE: &str = "sidecar:";
+/// The scope prefix of gateway proxies: `router:<namespace>/<pod>`.
+const ROUTER_SCOPE: &str = "router:";
 
 impl Snapshot {
     /// Version 0: nothing yet (before the source has synced).
@@ -120,6 +125,19 @@ impl Snapshot {
         self.sidecars.iter().map(|(k, v)| (k, &**v))
     }
 
+    /// The Envoy configuration of one gateway proxy (by its pod); an empty one while no
+    /// Gateway selects the pod.
+    pub fn router(&self, key: &WaypointKey) -> &ProxyResources {
+        static EMPTY: std::sync::LazyLock<ProxyResources> =
+            std::sync::LazyLock::new(crate::envoy::sidecar::empty);
+        self.routers.get(key).map_or(&*EMPTY, |v| &**v)
+    }
+
+    /// Every gateway proxy this snapshot configures.
+    pub fn routers(&self) -> impl Iterator<Item = (&WaypointKey, &ProxyResources)> {
+        self.routers.iter().map(|(k, v)| (k, &**v))
+    }
+
     fn scope_view(&self, scope: &str) -> Option<&ProxyResources> {
         let split = |key: &str| {
             let (namespace, name) = key.split_once('/').unwrap_or(("", ""));
@@ -130,6 +148,9 @@ impl Snapshot {
         };
         if let Some(key) = scope.strip_prefix(SIDECAR_SCOPE) {
             return Some(self.sidecar(&split(key)));
+        }
+        if let Some(key) = scope.strip_prefix(ROUTER_SCOPE) {
+            return Some(self.router(&split(key)));
         }
         let key = scope.strip_prefix(WAYPOINT_SCOPE)?;
         Some(self.waypoint(&split(key)))
@@ -195,6 +216,9 @@ impl XdsSnapshot for Snapshot {
                 tracing::warn!(node = %node.id, "sidecar proxy whose pod is not known (or has no sidecar.istio.io/status annotation); it is served an empty configuration until it is");
             }
             return format!("{SIDECAR_SCOPE}{}/{}", id.namespace, id.pod);
+        }
+        if id.kind == crate::xds::ProxyKind::Router {
+            return format!("{ROUTER_SCOPE}{}/{}", id.namespace, id.pod);
         }
         if id.kind != crate::xds::ProxyKind::Waypoint {
             return String::new();

@@ -4,7 +4,7 @@
 use schemars::{JsonSchema, Schema, SchemaGenerator};
 
 use mesh_api::{
-    AuthorizationPolicySpec, DestinationRuleSpec, PeerAuthenticationSpec,
+    AuthorizationPolicySpec, DestinationRuleSpec, IstioGatewaySpec, PeerAuthenticationSpec,
     RequestAuthenticationSpec, ServiceEntrySpec, SidecarSpec, VirtualServiceSpec,
     WorkloadEntrySpec,
 };
@@ -137,7 +137,7 @@ pub const CRDS: [Crd; 15] = [
         versions: NETWORKING_VERSIONS,
         storage: "v1",
         columns: &[],
-        spec: None,
+        spec: Some(schema::<IstioGatewaySpec>),
         spec_required: false,
         keep: true,
         description: "A load balancer at the edge of the mesh (Istio's own Gateway kind).",

@@ -39,7 +39,7 @@ spec:
 "#;
 
 /// The waypoint test services as the sidecars of `shop` see them.
-fn outbound_inputs() -> WaypointInputs {
+pub(super) fn outbound_inputs() -> WaypointInputs {
     let mut inp = inputs();
     inp.flavor = Flavor::Sidecar {
         send_hbone: true,
@@ -441,7 +441,7 @@ fn the_outbound_side_is_shared_and_stable() {
 }
 
 /// Listeners with RDS get their route configuration inline, as `--mode validate` has no ADS.
-fn inline_routes(res: &ProxyResources) -> ProxyResources {
+pub(super) fn inline_routes(res: &ProxyResources) -> ProxyResources {
     let routes: Vec<RouteConfiguration> = decode(res, type_url::ROUTE);
     let mut out = res.clone();
     let lds = out.by_type.get_mut(type_url::LISTENER).expect("lds");

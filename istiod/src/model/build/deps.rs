@@ -59,7 +59,8 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
         | Kind::VirtualService
         | Kind::DestinationRule
         | Kind::RequestAuthentication
-        | Kind::Sidecar => {}
+        | Kind::Sidecar
+        | Kind::IstioGateway => {}
         Kind::Deployment | Kind::ServiceAccount => {}
         // A Node's topology labels are its pods' locality; its status (heartbeats) is not read.
         Kind::Node => {

@@ -1,0 +1,292 @@
+//! Gateway proxies (`router` nodes: Istio's ingress gateways) configured from
+//! `networking.istio.io` Gateways: per listening port a listener `0.0.0.0_<port>` bound on the
+//! pod, HTTP with routes `http.<port>` whose virtual hosts are the hosts the Gateway's servers
+//! and the VirtualServices bound to them have in common; clusters and endpoints as a sidecar of
+//! the gateway's namespace has them (Istio mutual TLS to sidecars, HBONE to ambient pods).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mesh_api::{GatewayServer, VirtualService};
+use mesh_proto::envoy::pb::envoy::config::listener::v3::{FilterChain, Listener};
+use mesh_proto::envoy::pb::envoy::config::route::v3::{
+    virtual_host::TlsRequirementType, RouteConfiguration, VirtualHost,
+};
+use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    http_connection_manager::{CodecType, RouteSpecifier},
+    HttpConnectionManager, Rds,
+};
+use mesh_proto::type_url;
+use serde::Serialize;
+
+use super::super::any::{ads_source, bool_value, duration, object_name, pack};
+use super::super::inputs::WaypointInputs;
+use super::super::listeners::{fault_filter, network_filter, router, socket_address};
+use super::super::routes::RouteError;
+use super::super::{names, telemetry, virtual_service};
+use super::{Builder, SidecarError};
+
+/// One server of a Gateway that selects the proxy, with the port the proxy listens on for it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BoundServer {
+    /// `namespace/name` of its Gateway.
+    pub gateway: String,
+    /// Its index in the Gateway's `servers`.
+    pub index: usize,
+    pub server: GatewayServer,
+    /// The server's port, or the `targetPort` of the gateway's Service port with that number.
+    pub listen_port: u16,
+}
+
+/// What a gateway proxy is configured from.
+#[derive(Debug, Clone)]
+pub struct GatewayInputs {
+    /// The services the proxy may route to, as a sidecar of its namespace sees them.
+    pub outbound: WaypointInputs,
+    /// The servers of every Gateway selecting the proxy, by Gateway then index.
+    pub servers: Vec<BoundServer>,
+    /// VirtualServices naming one of those Gateways in `gateways`, oldest first.
+    pub virtual_services: Vec<Arc<VirtualService>>,
+}
+
+/// Protocols served as HTTP.
+const HTTP_PROTOCOLS: [&str; 4] = ["HTTP", "HTTP2", "GRPC", "GRPC-WEB"];
+
+pub(super) fn generate(inputs: &GatewayInputs, out: &mut Builder, errors: &mut Vec<RouteError>) {
+    let mut by_port: BTreeMap<u16, Vec<&BoundServer>> = BTreeMap::new();
+    for s in &inputs.servers {
+        let mut problem = |field: &str, problem: String| {
+            errors.push(RouteError::Sidecar(SidecarError::Gateway {
+                gateway: s.gateway.clone(),
+                field: format!("spec.servers[{}]{field}", s.index),
+                problem,
+            }))
+        };
+        let protocol = (s.server.port.as_ref())
+            .map(|p| p.protocol.to_ascii_uppercase())
+            .unwrap_or_default();
+        if !HTTP_PROTOCOLS.contains(&protocol.as_str()) {
+            problem(
+                ".port.protocol",
+                format!("{protocol:?} servers are not supported by this gateway (HTTP, HTTP2, GRPC and GRPC-WEB are); the server is ignored"),
+            );
+            continue;
+        }
+        if s.server.tls.as_ref().is_some_and(|t| t.mode.is_some()) {
+            problem(
+                ".tls.mode",
+                "TLS termination is not supported by this gateway; the server is ignored".into(),
+            );
+            continue;
+        }
+        if !s.server.bind.is_empty() {
+            problem(
+                ".bind",
+                format!(
+                    "bind {:?} is not supported; the server listens on every address",
+                    s.server.bind
+                ),
+            );
+        }
+        by_port.entry(s.listen_port).or_default().push(s);
+    }
+    for (port, servers) in by_port {
+        let hosts = virtual_hosts(inputs, &servers, errors);
+        let name = format!("http.{port}");
+        let rc = RouteConfiguration {
+            name: name.clone(),
+            virtual_hosts: hosts,
+            validate_clusters: Some(bool_value(false)),
+            ignore_port_in_host_matching: true,
+            ..RouteConfiguration::default()
+        };
+        out.put(type_url::ROUTE, &name, &rc);
+        let listener = http_listener(port, &rc, &inputs.outbound.access_log_file);
+        out.put(type_url::LISTENER, &listener.name.clone(), &listener);
+    }
+}
+
+/// The virtual hosts of one listening port: for each server and each VirtualService bound to
+/// its Gateway, the hosts both name (`<host>:<server port>`, first one wins a host); a port with
+/// none gets `blackhole:<port>`, whose lack of routes answers 404.
+fn virtual_hosts(
+    inputs: &GatewayInputs,
+    servers: &[&BoundServer],
+    errors: &mut Vec<RouteError>,
+) -> Vec<VirtualHost> {
+    let mut out: Vec<VirtualHost> = Vec::new();
+    // Host -> the VirtualService that routes it.
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    for s in servers {
+        let server_port = s.server.port.as_ref().map_or(0, |p| p.number);
+        let redirect = s.server.tls.as_ref().is_some_and(|t| t.https_redirect);
+        for vs in &inputs.virtual_services {
+            let vs_ns = vs.metadata.namespace.as_deref().unwrap_or("default");
+            if !binds(vs, vs_ns, &s.gateway) {
+                continue;
+            }
+            let port = u16::try_from(server_port).unwrap_or(s.listen_port);
+            // Converted once, when the first of its hosts is served here.
+            let mut routes = None;
+            for vs_host in &vs.spec.hosts {
+                let vs_host = qualify(vs_host, vs_ns, &inputs.outbound.domain_suffix);
+                let Some(host) = (s.server.hosts.iter())
+                    .filter_map(|h| server_host(h, vs_ns, &s.gateway))
+                    .find_map(|h| intersect(h, &vs_host))
+                else {
+                    continue;
+                };
+                let host = host.to_ascii_lowercase();
+                let vs_name = object_name(&vs.metadata);
+                match seen.get(&host) {
+                    Some(first) if *first == vs_name => continue,
+                    Some(first) => {
+                        errors.push(RouteError::VirtualService {
+                            name: vs_name,
+                            field: "spec.hosts".into(),
+                            problem: format!("host {host} on gateway port {server_port} is already routed by VirtualService {first}; these routes are left out"),
+                        });
+                        continue;
+                    }
+                    None => {
+                        seen.insert(host.clone(), vs_name);
+                    }
+                }
+                out.push(VirtualHost {
+                    name: format!("{host}:{server_port}"),
+                    domains: vec![host],
+                    routes: (routes.get_or_insert_with(|| {
+                        virtual_service::routes(&inputs.outbound, port, &[&**vs], errors)
+                    }))
+                    .clone(),
+                    require_tls: if redirect {
+                        TlsRequirementType::All as i32
+                    } else {
+                        TlsRequirementType::None as i32
+                    },
+                    ..VirtualHost::default()
+                });
+            }
+        }
+    }
+    if out.is_empty() {
+        let port = servers.first().map_or(0, |s| s.listen_port);
+        out.push(VirtualHost {
+            name: format!("blackhole:{port}"),
+            domains: vec!["*".into()],
+            ..VirtualHost::default()
+        });
+    }
+    out
+}
+
+/// Whether `vs` (in `vs_ns`) names the Gateway `namespace/name` in its `gateways`: as
+/// `namespace/name`, `./name` or a bare `name` (both relative to the VirtualService), or the
+/// older `name.namespace...` form.
+pub fn binds(vs: &VirtualService, vs_ns: &str, gateway: &str) -> bool {
+    vs.spec.gateways.iter().any(|g| {
+        let resolved = match g.split_once('/') {
+            Some((".", name)) => format!("{vs_ns}/{name}"),
+            Some(_) => g.clone(),
+            None => match g.split_once('.') {
+                Some((name, rest)) => {
+                    let ns = rest.split('.').next().unwrap_or(vs_ns);
+                    format!("{ns}/{name}")
+                }
+                None => format!("{vs_ns}/{g}"),
+            },
+        };
+        resolved == gateway
+    })
+}
+
+/// A server host as a VirtualService in `vs_ns` may use it: `ns/host` only for VirtualServices
+/// in `ns` (`.` is the Gateway's namespace, `*` any); a bare host for every one.
+fn server_host<'a>(host: &'a str, vs_ns: &str, gateway: &str) -> Option<&'a str> {
+    match host.split_once('/') {
+        None => Some(host),
+        Some(("*", h)) => Some(h),
+        Some((".", h)) => (gateway.split('/').next() == Some(vs_ns)).then_some(h),
+        Some((ns, h)) => (ns == vs_ns).then_some(h),
+    }
+}
+
+/// A VirtualService host as a full name: a short name (no dot, not `*`) is a service of the
+/// VirtualService's namespace.
+fn qualify(host: &str, vs_ns: &str, suffix: &str) -> String {
+    if host.contains('.') || host.contains('*') {
+        host.to_string()
+    } else {
+        format!("{host}.{vs_ns}.svc.{suffix}")
+    }
+}
+
+/// The more specific of two host patterns when one covers the other (`*`, `*.suffix` or a
+/// name), as Istio intersects server and VirtualService hosts.
+fn intersect<'a>(a: &'a str, b: &'a str) -> Option<&'a str> {
+    if covers(a, b) {
+        Some(b)
+    } else if covers(b, a) {
+        Some(a)
+    } else {
+        None
+    }
+}
+
+/// Whether pattern `p` covers every name `h` matches.
+fn covers(p: &str, h: &str) -> bool {
+    if p == "*" || p.eq_ignore_ascii_case(h) {
+        return true;
+    }
+    match p.strip_prefix('*') {
+        Some(suffix) => {
+            h.len() > suffix.len()
+                && h.get(h.len() - suffix.len()..)
+                    .is_some_and(|s| s.eq_ignore_ascii_case(suffix))
+        }
+        None => false,
+    }
+}
+
+/// `0.0.0.0_<port>`: HTTP on the pod's `port`, routes `http.<port>`.
+fn http_listener(port: u16, rc: &RouteConfiguration, access_log_file: &str) -> Listener {
+    let mut http_filters: Vec<_> = fault_filter(&rc.virtual_hosts).into_iter().collect();
+    http_filters.push(router());
+    let hcm = HttpConnectionManager {
+        stat_prefix: format!("outbound_0.0.0.0_{port}"),
+        codec_type: CodecType::Auto as i32,
+        route_specifier: Some(RouteSpecifier::Rds(Rds {
+            config_source: Some(ads_source()),
+            route_config_name: rc.name.clone(),
+        })),
+        http_filters,
+        normalize_path: Some(bool_value(true)),
+        use_remote_address: Some(bool_value(true)),
+        stream_idle_timeout: Some(duration(Duration::ZERO)),
+        access_log: telemetry::sidecar_access_logs(access_log_file, "source", "unknown", None),
+        ..HttpConnectionManager::default()
+    };
+    Listener {
+        name: format!("0.0.0.0_{port}"),
+        address: Some(socket_address("0.0.0.0", port)),
+        filter_chains: vec![FilterChain {
+            filters: vec![network_filter(
+                "envoy.filters.network.http_connection_manager",
+                pack(&hcm),
+            )],
+            ..FilterChain::default()
+        }],
+        ..Listener::default()
+    }
+}
+
+/// Keeps the clusters and endpoints of a sidecar's outbound side (and its HBONE listener),
+/// dropping the sidecar's own listeners and routes.
+pub(super) fn outbound_part(out: &mut Builder) {
+    out.retain(type_url::LISTENER, |name| name == names::CONNECT_ORIGINATE);
+    out.retain(type_url::ROUTE, |_| false);
+}
+
+#[cfg(test)]
+mod tests;

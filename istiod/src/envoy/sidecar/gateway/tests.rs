@@ -1,0 +1,193 @@
+//! Gateway proxies: servers and bound VirtualServices become listeners, routes and virtual
+//! hosts with Istio's names; what is not supported is reported; real Envoy accepts the result.
+
+use mesh_api::IstioGateway;
+use mesh_proto::envoy::pb::envoy::config::route::v3::{route, route_action, RouteConfiguration};
+
+use super::super::super::tests::{decode, envoy_or_skip, envoy_validates};
+use super::super::tests::{inline_routes, outbound_inputs};
+use super::super::{generate_gateway, generate_outbound};
+use super::*;
+use crate::envoy::ProxyResources;
+
+const GATEWAY: &str = r#"
+metadata: {name: ingress, namespace: istio-system}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 80, name: http, protocol: HTTP}
+    hosts: ["*"]
+  - port: {number: 81, name: http-redirect, protocol: HTTP}
+    hosts: ["shop/*.example.com"]
+    tls: {httpsRedirect: true}
+  - port: {number: 443, name: https, protocol: HTTPS}
+    hosts: ["*"]
+    tls: {mode: SIMPLE, credentialName: cert}
+  - port: {number: 9000, name: tcp, protocol: TCP}
+    hosts: ["*"]
+  - port: {number: 82, name: http-empty, protocol: HTTP}
+    hosts: ["nothing.example.org"]
+"#;
+
+fn vs(yaml: &str) -> Arc<VirtualService> {
+    Arc::new(serde_yaml::from_str(yaml).expect("vs"))
+}
+
+fn gateway_inputs() -> GatewayInputs {
+    let gw: IstioGateway = serde_yaml::from_str(GATEWAY).expect("gateway");
+    let servers = (gw.spec.servers.iter().enumerate())
+        .map(|(index, server)| BoundServer {
+            gateway: "istio-system/ingress".into(),
+            index,
+            server: server.clone(),
+            listen_port: match server.port.as_ref().map_or(0, |p| p.number) {
+                80 => 8080,
+                n => u16::try_from(n).expect("port"),
+            },
+        })
+        .collect();
+    GatewayInputs {
+        outbound: outbound_inputs(),
+        servers,
+        virtual_services: vec![
+            vs("metadata: {name: echo-gw, namespace: shop}\nspec:\n  hosts: [echo.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - match: [{uri: {prefix: /v2}}]\n    route: [{destination: {host: echo, subset: v1, port: {number: 80}}}]\n  - route: [{destination: {host: echo.shop.svc.cluster.local, port: {number: 80}}}]\n"),
+            // Bare `ingress` is shop's own (there is none): not bound.
+            vs("metadata: {name: elsewhere, namespace: shop}\nspec:\n  hosts: [other.example.com]\n  gateways: [ingress]\n  http:\n  - route: [{destination: {host: echo}}]\n"),
+            // Newer, for the same host: left out and reported.
+            vs("metadata: {name: echo-dup, namespace: shop}\nspec:\n  hosts: [echo.example.com]\n  gateways: [istio-system/ingress, mesh]\n  http:\n  - route: [{destination: {host: echo-v2, port: {number: 80}}}]\n"),
+        ],
+    }
+}
+
+fn gateway() -> ProxyResources {
+    let inputs = gateway_inputs();
+    let outbound = generate_outbound(&inputs.outbound, 1);
+    generate_gateway(&outbound, &inputs, 2)
+}
+
+#[test]
+fn servers_become_listeners_and_bound_virtual_services_their_hosts() {
+    let res = gateway();
+    let mut listeners: Vec<&String> = res.by_type[type_url::LISTENER].keys().collect();
+    listeners.sort();
+    assert_eq!(
+        listeners,
+        ["0.0.0.0_8080", "0.0.0.0_81", "0.0.0.0_82", names::CONNECT_ORIGINATE],
+        "a listener per port of an HTTP server (80 at its target port), the HBONE one, none of a sidecar's"
+    );
+    let routes: Vec<RouteConfiguration> = decode(&res, type_url::ROUTE);
+    let rc = |name: &str| {
+        (routes.iter().find(|r| r.name == name)).unwrap_or_else(|| panic!("route {name}"))
+    };
+    let http = rc("http.8080");
+    assert!(http.ignore_port_in_host_matching);
+    let hosts: Vec<(&str, Vec<String>)> = (http.virtual_hosts.iter())
+        .map(|v| (v.name.as_str(), v.domains.clone()))
+        .collect();
+    assert_eq!(
+        hosts,
+        [("echo.example.com:80", vec!["echo.example.com".to_string()])]
+    );
+    let clusters: Vec<String> = (http.virtual_hosts[0].routes.iter())
+        .filter_map(|r| match &r.action {
+            Some(route::Action::Route(a)) => match &a.cluster_specifier {
+                Some(route_action::ClusterSpecifier::Cluster(c)) => Some(c.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        clusters,
+        [
+            "outbound|80|v1|echo.shop.svc.cluster.local",
+            "outbound|80||echo.shop.svc.cluster.local"
+        ]
+    );
+    // `shop/*.example.com` takes shop's VirtualService and redirects to HTTPS.
+    let redirect = &rc("http.81").virtual_hosts;
+    assert_eq!(redirect[0].name, "echo.example.com:81");
+    assert_eq!(redirect[0].require_tls, TlsRequirementType::All as i32);
+    // A port whose hosts no VirtualService names: 404 for everything.
+    let empty = &rc("http.82").virtual_hosts;
+    assert_eq!(
+        (
+            empty[0].name.as_str(),
+            empty[0].domains.clone(),
+            empty[0].routes.len()
+        ),
+        ("blackhole:82", vec!["*".to_string()], 0)
+    );
+    // Clusters and endpoints as the namespace's sidecars have them.
+    assert!(res.by_type[type_url::CLUSTER].contains_key("outbound|80||echo.shop.svc.cluster.local"));
+    assert!(
+        res.by_type[type_url::ENDPOINT].contains_key("outbound|80||echo.shop.svc.cluster.local")
+    );
+    let errors: Vec<String> = res.errors.iter().map(ToString::to_string).collect();
+    for needle in [
+        "Gateway istio-system/ingress: spec.servers[2].port.protocol: \"HTTPS\" servers are not supported",
+        "Gateway istio-system/ingress: spec.servers[3].port.protocol: \"TCP\" servers are not supported",
+        "VirtualService shop/echo-dup: spec.hosts: host echo.example.com on gateway port 80 is already routed by VirtualService shop/echo-gw",
+    ] {
+        assert!(errors.iter().any(|e| e.starts_with(needle)), "{needle}\n{errors:#?}");
+    }
+    assert_eq!(errors.len(), 4, "{errors:#?}");
+}
+
+#[test]
+fn gateway_names_and_hosts_resolve_as_istio_resolves_them() {
+    let v = |gateways: &str| {
+        vs(&format!(
+            "metadata: {{name: v, namespace: shop}}\nspec:\n  gateways: {gateways}\n"
+        ))
+    };
+    for (gateways, bound) in [
+        ("[istio-system/ingress]", true),
+        ("[ingress]", false),
+        ("[./ingress]", false),
+        ("[ingress.istio-system.svc.cluster.local]", true),
+        ("[mesh]", false),
+    ] {
+        assert_eq!(
+            binds(&v(gateways), "shop", "istio-system/ingress"),
+            bound,
+            "{gateways}"
+        );
+    }
+    assert!(binds(&v("[./gw]"), "shop", "shop/gw"));
+    assert_eq!(
+        server_host("shop/a.example.com", "shop", "istio-system/gw"),
+        Some("a.example.com")
+    );
+    assert_eq!(
+        server_host("shop/a.example.com", "other", "istio-system/gw"),
+        None
+    );
+    assert_eq!(
+        server_host("./a", "istio-system", "istio-system/gw"),
+        Some("a")
+    );
+    assert_eq!(server_host("*/a", "x", "istio-system/gw"), Some("a"));
+    assert_eq!(intersect("*", "a.example.com"), Some("a.example.com"));
+    assert_eq!(
+        intersect("*.example.com", "a.example.com"),
+        Some("a.example.com")
+    );
+    assert_eq!(
+        intersect("a.example.com", "*.example.com"),
+        Some("a.example.com")
+    );
+    assert_eq!(intersect("a.example.com", "b.example.com"), None);
+    assert_eq!(
+        qualify("echo", "shop", "cluster.local"),
+        "echo.shop.svc.cluster.local"
+    );
+}
+
+#[test]
+fn envoy_validates_the_generated_gateway_config() {
+    let Some(envoy) = envoy_or_skip() else {
+        return;
+    };
+    envoy_validates(&envoy, &inline_routes(&gateway()));
+}
