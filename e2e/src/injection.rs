@@ -33,6 +33,33 @@ pub fn ambient_values(cni: bool) -> Value {
 /// metadata); panics with the injector's reason if it refuses the pod.
 pub fn injected(spec: PodSpec, values: &Value) -> PodSpec {
     let pod: Value = serde_yaml::from_str(&spec.yaml(None)).expect("the harness's pod is YAML");
+    inject_into(spec, pod, values)
+}
+
+/// The pod of a workload rendered by a chart (its `template`: labels, annotations, security
+/// context and containers laid on the harness's pod for `spec`), through the real injector,
+/// which picks the template the pod asks for (e.g. the gateway chart's `gateway`).
+pub fn injected_from_template(spec: PodSpec, template: &Value, values: &Value) -> PodSpec {
+    let mut pod: Value = serde_yaml::from_str(&spec.yaml(None)).expect("the harness's pod is YAML");
+    for field in ["labels", "annotations"] {
+        if let Some(map) = template["metadata"][field].as_object() {
+            if !pod["metadata"][field].is_object() {
+                pod["metadata"][field] = serde_json::json!({});
+            }
+            for (k, v) in map {
+                pod["metadata"][field][k] = v.clone();
+            }
+        }
+    }
+    for field in ["containers", "securityContext", "volumes"] {
+        if let Some(v) = template["spec"].get(field) {
+            pod["spec"][field] = v.clone();
+        }
+    }
+    inject_into(spec, pod, values)
+}
+
+fn inject_into(spec: PodSpec, pod: Value, values: &Value) -> PodSpec {
     let cfg = InjectConfig::from_values(values);
     let workload = Workload::of_pod(&pod, &spec.namespace);
     let out = inject(&pod, &workload, &cfg).unwrap_or_else(|e| panic!("inject {}: {e}", spec.name));

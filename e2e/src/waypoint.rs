@@ -130,22 +130,11 @@ impl Waypoint {
     /// Gateway's name) against `istiod`, with the environment and mounts the waypoint
     /// template gives its container, written out by hand.
     pub fn start(pod: &MeshPod, istiod: &Istiod, extra: &[(&str, &str)]) -> Waypoint {
-        Waypoint::start_as(pod, istiod, "waypoint", extra)
-    }
-
-    /// As [`Waypoint::start`], as proxy `kind`: `waypoint`, or `router` for an ingress gateway
-    /// (no capture: it listens on the pod's address for the ports its Gateways' servers name).
-    pub fn start_as(
-        pod: &MeshPod,
-        istiod: &Istiod,
-        kind: &str,
-        extra: &[(&str, &str)],
-    ) -> Waypoint {
         let (dir, env) = Waypoint::pod_files(pod, istiod, extra);
         let spec = &pod.spec;
         let args = vec![
             "proxy".to_string(),
-            kind.to_string(),
+            "waypoint".to_string(),
             "--domain".to_string(),
             format!("{}.svc.cluster.local", spec.namespace),
             "--serviceCluster".to_string(),

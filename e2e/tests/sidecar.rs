@@ -9,6 +9,7 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use mesh_charts::{charts_dir, Helm, Rendered};
 use mesh_e2e::cluster::{MeshCluster, MeshPod, PodSpec, Redirection};
 use mesh_e2e::injection;
 use mesh_e2e::waypoint::Waypoint;
@@ -28,7 +29,8 @@ const APP_METRIC: &str = "app_orders_total 7";
 const CLIENT_ID: &str = "spiffe://cluster.local/ns/legacy/sa/client";
 const AMBIENT_CLIENT_ID: &str = "spiffe://cluster.local/ns/demo/sa/amb-client";
 const INGRESS_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/ingress";
-/// Where the ingress gateway's pod listens for its Gateway's port 80 (its Service's targetPort).
+/// Where the ingress gateway's pod listens for its Gateway's port 80 (the targetPort its
+/// Service is given).
 const INGRESS_PORT: u16 = 8081;
 
 fn service(ns: &str, name: &str, vip: &str) -> String {
@@ -37,18 +39,48 @@ fn service(ns: &str, name: &str, vip: &str) -> String {
     )
 }
 
-/// An ingress gateway as Istio users write one: its Service (80 to the pod's 8081), a Gateway
-/// selecting its pods on port 80 for every host, and VirtualServices bound to it by host: one
-/// to the sidecar server, one to the ambient service.
-fn ingress_objects(dir: &ClusterDir) {
+/// The gateway chart rendered by the real Helm engine as `helm install ingress gateway -n
+/// istio-system` with a ClusterIP Service whose port 80 goes to the pod's 8081.
+fn gateway_chart() -> Rendered {
+    let values = serde_json::json!({"service": {"type": "ClusterIP", "ports": [
+        {"name": "http2", "port": 80, "protocol": "TCP", "targetPort": INGRESS_PORT},
+    ]}});
+    Helm::default()
+        .render(
+            &charts_dir().join("gateway"),
+            "ingress",
+            "istio-system",
+            &values,
+        )
+        .expect("the gateway chart renders")
+}
+
+/// An ingress gateway as Istio users install one: the chart's Service, a Gateway selecting its
+/// pods (`istio: ingress`) on port 80 for every host, and VirtualServices bound to it by host:
+/// one to the sidecar server, one to the ambient service.
+fn ingress_objects(dir: &ClusterDir, chart: &Rendered) {
+    let service = chart
+        .get("Service", "ingress")
+        .expect("the chart's Service");
+    dir.write("ingress-svc.yaml", &service.value.to_string());
     dir.write(
         "ingress.yaml",
-        &format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: ingress\n  namespace: istio-system\nspec:\n  clusterIP: 10.96.0.40\n  selector: {{istio: ingressgateway}}\n  ports:\n  - name: http2\n    port: 80\n    targetPort: {INGRESS_PORT}\n---\napiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: ingress\n  namespace: istio-system\nspec:\n  selector: {{istio: ingressgateway}}\n  servers:\n  - port: {{number: 80, name: http, protocol: HTTP}}\n    hosts: [\"*\"]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: server-ingress\n  namespace: legacy\nspec:\n  hosts: [server.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{{destination: {{host: server, port: {{number: 80}}}}}}]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: amb-ingress\n  namespace: demo\nspec:\n  hosts: [amb.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{{destination: {{host: amb}}}}]\n"),
+        "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: ingress\n  namespace: istio-system\nspec:\n  selector: {istio: ingress}\n  servers:\n  - port: {number: 80, name: http, protocol: HTTP}\n    hosts: [\"*\"]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: server-ingress\n  namespace: legacy\nspec:\n  hosts: [server.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{destination: {host: server, port: {number: 80}}}]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: amb-ingress\n  namespace: demo\nspec:\n  hosts: [amb.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{destination: {host: amb}}]\n",
     );
 }
 
+/// The gateway chart's Deployment as one of its pods, through the real injector (its
+/// `gateway` template).
+fn ingress_pod(chart: &Rendered) -> PodSpec {
+    let deployment = chart
+        .get("Deployment", "ingress")
+        .expect("the chart's Deployment");
+    let template = &deployment.value["spec"]["template"];
+    let spec = PodSpec::new("istio-system", "ingress-7c9d-x1", "node1", "ingress");
+    injection::injected_from_template(spec, template, &injection::ambient_values(false))
+}
+
 fn setup(dir: &ClusterDir) {
-    ingress_objects(dir);
     dir.write(
         "ns.yaml",
         &namespace_yaml("legacy", &[("istio-injection", "enabled")]),
@@ -272,7 +304,8 @@ fn destination_rule_originates_tls(m: &Mesh) {
     m.cluster.objects().remove("dr-secure.yaml");
 }
 
-/// From outside the mesh through the ingress gateway (`pilot-agent proxy router`): by host to
+/// From outside the mesh through the ingress gateway (the gateway chart's pod, injected with
+/// the gateway template: `pilot-agent proxy router`): by host to
 /// the sidecar server (Istio mutual TLS with the gateway's identity, accepted under the
 /// namespace's STRICT) and to the ambient service (HBONE to its ztunnel); a host no
 /// VirtualService names gets 404 from the gateway.
@@ -352,8 +385,16 @@ struct Mesh {
 }
 
 fn deploy() -> Mesh {
-    let mut cluster =
-        MeshCluster::start("sidecar", &["node1", "node2"], Redirection::Nftables, setup);
+    let chart = gateway_chart();
+    let mut cluster = MeshCluster::start(
+        "sidecar",
+        &["node1", "node2"],
+        Redirection::Nftables,
+        |dir| {
+            setup(dir);
+            ingress_objects(dir, &chart);
+        },
+    );
     let mut add = |spec: PodSpec| {
         let name = spec.name.clone();
         cluster
@@ -365,8 +406,7 @@ fn deploy() -> Mesh {
     let outsider = add(PodSpec::new("legacy", "outsider", "node1", "outsider"));
     let amb = add(PodSpec::new("demo", "amb", "node2", "amb"));
     let amb_client = add(PodSpec::new("demo", "amb-client", "node1", "amb-client"));
-    let ingress = add(PodSpec::new("istio-system", "ingress", "node1", "ingress")
-        .label("istio", "ingressgateway"));
+    let ingress = add(ingress_pod(&chart));
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT));
     let app = HttpApp::start(&server.netns, any, "server").expect("server app");
     let outsider_app = HttpApp::start(&outsider.netns, any, "outsider").expect("outsider app");
@@ -386,7 +426,7 @@ fn deploy() -> Mesh {
     let app_metrics = HttpApp::start(&server.netns, metrics_addr, APP_METRIC).expect("metrics app");
     let server_proxy = injection::start_sidecar(&server, &cluster.istiod, &[]);
     let client_proxy = injection::start_sidecar(&client, &cluster.istiod, &[]);
-    let ingress_proxy = Waypoint::start_as(&ingress, &cluster.istiod, "router", &[]);
+    let ingress_proxy = injection::start_sidecar(&ingress, &cluster.istiod, &[]);
     server_proxy.wait_ready(Duration::from_secs(30));
     client_proxy.wait_ready(Duration::from_secs(30));
     ingress_proxy.wait_ready(Duration::from_secs(30));

@@ -19,7 +19,7 @@ pub use objects::{ManifestError, Object, Rendered};
 use std::path::PathBuf;
 
 /// The charts this repository ships, by directory name under `charts/`.
-pub const CHARTS: [&str; 4] = ["base", "istiod", "cni", "ztunnel"];
+pub const CHARTS: [&str; 5] = ["base", "istiod", "cni", "ztunnel", "gateway"];
 
 /// The profiles every chart knows (`--set profile=<name>`).
 pub const PROFILES: [&str; 5] = ["default", "ambient", "minimal", "demo", "empty"];

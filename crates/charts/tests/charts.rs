@@ -17,8 +17,12 @@ fn chart(name: &str) -> PathBuf {
     charts_dir().join(name)
 }
 
-/// The release name istioctl gives the chart (`istio-base`, `istiod`, `istio-cni`, `ztunnel`).
+/// The release name istioctl gives the chart (`istio-base`, `istiod`, `istio-cni`, `ztunnel`);
+/// the gateway chart's as Istio's documentation installs it (istioctl does not install it).
 fn release(name: &str) -> &'static str {
+    if name == "gateway" {
+        return "istio-ingressgateway";
+    }
     Component::ALL
         .iter()
         .map(|c| c.chart())
@@ -813,15 +817,18 @@ fn a_values_file_written_for_istios_charts_renders() {
 
 #[test]
 fn istiod_renders_the_injector_webhooks_and_the_configuration_it_reads() {
-    let off = render("istiod", json!({}));
+    let off = render(
+        "istiod",
+        json!({"sidecarInjectorWebhook": {"enabled": false}}),
+    );
     assert!(
         off.of_kind("MutatingWebhookConfiguration").next().is_none(),
-        "the injector's webhooks are off by default"
+        "enabled: false leaves the injector's webhooks out"
     );
     let rendered = render(
         "istiod",
         json!({"global": {"hub": "registry.example/mesh", "tag": "2.0"},
-               "sidecarInjectorWebhook": {"enabled": true,
+               "sidecarInjectorWebhook": {
                    "neverInjectSelector": [{"matchLabels": {"team": "batch"}}]}}),
     );
     let webhook = rendered
@@ -896,4 +903,90 @@ fn istiod_renders_the_injector_webhooks_and_the_configuration_it_reads() {
     assert!(mounts
         .iter()
         .any(|m| m["name"] == "inject" && m["mountPath"] == "/var/lib/istio/inject"));
+}
+
+#[test]
+fn the_gateway_chart_renders_a_gateway_for_the_injector_as_istios() {
+    let rendered = render("gateway", json!({}));
+    let name = "istio-ingressgateway";
+    let deployment: Deployment = typed(&rendered, "Deployment", name);
+    let template = deployment.spec.expect("spec").template;
+    let meta = template.metadata.expect("pod metadata");
+    let labels = meta.labels.expect("labels");
+    assert_eq!(labels["sidecar.istio.io/inject"], "true");
+    assert_eq!(labels["istio"], "ingressgateway");
+    assert_eq!(labels["app"], name);
+    assert_eq!(
+        meta.annotations.expect("annotations")["inject.istio.io/templates"],
+        "gateway"
+    );
+    let pod = template.spec.expect("pod spec");
+    let proxy = container(&pod, "istio-proxy");
+    assert_eq!(
+        proxy.image.as_deref(),
+        Some("auto"),
+        "the injector fills it in"
+    );
+    let security = proxy.security_context.clone().expect("security context");
+    assert_eq!(security.run_as_user, Some(1337));
+    let sysctls = pod
+        .security_context
+        .and_then(|s| s.sysctls)
+        .expect("sysctls");
+    assert_eq!(sysctls[0].name, "net.ipv4.ip_unprivileged_port_start");
+    assert_eq!(pod.service_account_name.as_deref(), Some(name));
+
+    let service: Service = typed(&rendered, "Service", name);
+    let spec = service.spec.expect("service spec");
+    assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
+    let ports: Vec<(i32, String)> = (spec.ports.expect("ports").iter())
+        .map(|p| (p.port, p.name.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        ports,
+        [
+            (15021, "status-port".to_string()),
+            (80, "http2".to_string()),
+            (443, "https".to_string())
+        ]
+    );
+    assert_eq!(spec.selector.expect("selector")["istio"], "ingressgateway");
+    let role: Role = typed(&rendered, "Role", name);
+    let rules = role.rules.expect("rules");
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["secrets".to_string()][..])
+    );
+    assert!(rendered.get("RoleBinding", name).is_some());
+    assert!(rendered.get("ServiceAccount", name).is_some());
+    let hpa = &rendered
+        .get("HorizontalPodAutoscaler", name)
+        .expect("hpa")
+        .value;
+    assert_eq!(hpa["spec"]["maxReplicas"], 5);
+    assert!(rendered.get("PodDisruptionBudget", name).is_none());
+
+    // Istio's value names: name, service type and ports, kind, autoscaling, PDB, env.
+    let custom = render(
+        "gateway",
+        json!({"name": "edge", "kind": "DaemonSet", "service": {"type": "None"},
+               "podDisruptionBudget": {"minAvailable": 1}, "env": {"EXTRA": "1"},
+               "labels": {"team": "web"}}),
+    );
+    let pod = daemonset_pod(&custom, "edge");
+    assert_eq!(env(container(&pod, "istio-proxy"), "EXTRA"), Some("1"));
+    assert!(custom.get("Service", "edge").is_none());
+    assert!(custom.get("HorizontalPodAutoscaler", "edge").is_none());
+    let pdb = &custom
+        .get("PodDisruptionBudget", "edge")
+        .expect("pdb")
+        .value;
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    assert_eq!(pdb["spec"]["selector"]["matchLabels"]["istio"], "edge");
+    assert_eq!(
+        custom.get("DaemonSet", "edge").expect("ds").value["metadata"]["labels"]["team"],
+        "web"
+    );
+    let refused = render_err("gateway", json!({"kind": "StatefulSet"}));
+    assert!(refused.contains("kind \"StatefulSet\""), "{refused}");
 }

@@ -184,6 +184,10 @@ fn images_carry_the_charts_names_and_their_entrypoints_run() {
             .expect("json");
             for image in text.split("\"image\":\"").skip(1) {
                 let image = image.split('"').next().unwrap_or_default();
+                // The gateway's proxy: the injector names the image (proxyv2).
+                if image == "auto" {
+                    continue;
+                }
                 assert!(
                     tags.contains(image),
                     "{chart} names {image}, not built: {tags:?}"

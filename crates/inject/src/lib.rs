@@ -4,16 +4,20 @@
 //! capture (`istio-init`, or `istio-validation` when cni-node does it), the volumes for the
 //! token, root certificate and agent state, the kubelet probes rewritten through the agent, the
 //! `sidecar.istio.io/status` annotation and the labels Istio adds. Injection is idempotent: what
-//! an earlier injection added (as its status annotation lists) is removed first.
+//! an earlier injection added (as its status annotation lists) is removed first. Pods annotated
+//! `inject.istio.io/templates: gateway` get the gateway template instead (`pilot-agent proxy
+//! router`, see the `gateway` module).
 
 pub mod config;
 pub mod decide;
+mod gateway;
 pub mod probes;
 pub mod selector;
 mod sidecar;
 
 pub use config::{InjectConfig, Policy};
 pub use decide::{decide, Decision};
+pub use gateway::TEMPLATES_ANNOTATION;
 pub use sidecar::{inject, Workload};
 
 use serde_json::Value;

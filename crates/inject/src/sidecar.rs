@@ -12,7 +12,7 @@ pub const PROXY_UID: u64 = 1337;
 pub const PROMETHEUS_PORT: u16 = 15090;
 pub const READINESS_PORT: u16 = 15021;
 
-const PROXY: &str = "istio-proxy";
+pub(crate) const PROXY: &str = "istio-proxy";
 const ANN_TRAFFIC: &str = "traffic.sidecar.istio.io/";
 
 /// The workload a pod belongs to: its namespace, name (the Deployment's, for a Deployment's
@@ -86,7 +86,7 @@ fn value_env(name: &str, value: &str) -> Value {
     json!({"name": name, "value": value})
 }
 
-fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
+pub(crate) fn annotation<'a>(pod: &'a Value, key: &str) -> Option<&'a str> {
     pod["metadata"]["annotations"][key].as_str()
 }
 
@@ -246,6 +246,9 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
     }
     let per_pod = pod_config(&pod, cfg)?;
     let cfg = &per_pod;
+    if super::gateway::wants_gateway(&pod)? {
+        return super::gateway::inject(pod, workload, cfg);
+    }
     let status_port = match annotation(&pod, "status.sidecar.istio.io/port") {
         Some(p) => p.parse::<u16>().map_err(|_| InjectError::BadAnnotation {
             annotation: "status.sidecar.istio.io/port".into(),
@@ -340,6 +343,21 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
         "revision": cfg.revision_name(),
     });
     let first_app = app_names.first().cloned().unwrap_or_default();
+    mark_injected(&mut pod, workload, cfg, &status, &first_app, true);
+    Ok(pod)
+}
+
+/// The status annotation, the revision, the default container, and the labels Istio adds:
+/// canonical name and revision, the network, and (`sidecar`) the mutual TLS and tunnel labels
+/// that tell callers the pod's proxy takes Istio mutual TLS and HBONE.
+pub(crate) fn mark_injected(
+    pod: &mut Value,
+    workload: &Workload,
+    cfg: &InjectConfig,
+    status: &Value,
+    first_app: &str,
+    sidecar: bool,
+) {
     let meta = &mut pod["metadata"];
     let mut annotations = map_of(&meta["annotations"]);
     annotations.insert(label::SIDECAR_STATUS.into(), status.to_string().into());
@@ -349,20 +367,22 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
     ] {
         annotations
             .entry(key)
-            .or_insert_with(|| Value::String(first_app.clone()));
+            .or_insert_with(|| Value::String(first_app.to_string()));
     }
     annotations.insert(label::REV.into(), cfg.revision_name().into());
     meta["annotations"] = Value::Object(annotations);
     let labels_now = meta["labels"].clone();
     let mut labels = map_of(&labels_now);
-    labels
-        .entry("security.istio.io/tlsMode")
-        .or_insert_with(|| "istio".into());
     // A proxy that takes HBONE says so to ztunnels (and istiod) with the tunnel label.
     let hbone =
         cfg.proxy_config["proxyMetadata"]["ISTIO_META_ENABLE_HBONE"].as_str() == Some("true");
-    if hbone {
-        labels.entry(label::TUNNEL).or_insert_with(|| "http".into());
+    if sidecar {
+        labels
+            .entry("security.istio.io/tlsMode")
+            .or_insert_with(|| "istio".into());
+        if hbone {
+            labels.entry(label::TUNNEL).or_insert_with(|| "http".into());
+        }
     }
     let canonical_name = [label::APP_K8S_NAME, label::APP]
         .iter()
@@ -387,11 +407,10 @@ pub fn inject(pod: &Value, workload: &Workload, cfg: &InjectConfig) -> Result<Va
             .or_insert_with(|| network.clone().into());
     }
     meta["labels"] = Value::Object(labels);
-    Ok(pod)
 }
 
 /// A copy of the map at `v` (empty when it is not one), to be put back after editing.
-fn map_of(v: &Value) -> Map<String, Value> {
+pub(crate) fn map_of(v: &Value) -> Map<String, Value> {
     v.as_object().cloned().unwrap_or_default()
 }
 
@@ -401,7 +420,7 @@ fn push_env(container: &mut Value, env: Value) {
     }
 }
 
-fn proxy_container(
+pub(crate) fn proxy_container(
     pod: &Value,
     workload: &Workload,
     cfg: &InjectConfig,
@@ -641,7 +660,7 @@ fn init_container(
     }))
 }
 
-fn volumes(cfg: &InjectConfig) -> Vec<Value> {
+pub(crate) fn volumes(cfg: &InjectConfig) -> Vec<Value> {
     vec![
         json!({"name": "workload-socket", "emptyDir": {}}),
         json!({"name": "credential-socket", "emptyDir": {}}),

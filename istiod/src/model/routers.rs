@@ -24,8 +24,11 @@ use crate::envoy::sidecar::{
 };
 use crate::envoy::{Flavor, ProxyResources, WaypointInputs, WaypointKey};
 
-/// The annotation naming the injection templates a pod asked for.
-const TEMPLATES_ANNOTATION: &str = "inject.istio.io/templates";
+/// Whether a pod's annotations ask for the injector's `gateway` template.
+pub(crate) fn gateway_template(annotations: &BTreeMap<String, String>) -> bool {
+    (annotations.get(mesh_inject::TEMPLATES_ANNOTATION))
+        .is_some_and(|t| t.split(',').any(|t| t.trim() == "gateway"))
+}
 
 /// Gateway proxy configuration by pod, shared by every snapshot until it changes.
 pub(crate) type RouterViews = imbl::OrdMap<SidecarKey, Arc<ProxyResources>>;
@@ -153,9 +156,8 @@ fn selected_pods<'s>(
         for o in state.objects_in(Kind::Pod, &ns) {
             let Object::Pod(pod) = o else { continue };
             let labels = meta_labels(&pod.metadata);
-            let gateway_template = (pod.metadata.annotations.as_ref())
-                .and_then(|a| a.get(TEMPLATES_ANNOTATION))
-                .is_some_and(|t| t.split(',').any(|t| t.trim() == "gateway"));
+            let gateway_template =
+                (pod.metadata.annotations.as_ref()).is_some_and(gateway_template);
             let picked: Vec<NamedGateway<'s>> = (gateways.iter())
                 .filter(|(_, g)| {
                     if g.spec.selector.is_empty() {

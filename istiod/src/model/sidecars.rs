@@ -55,11 +55,12 @@ impl SidecarIndex {
                 namespace: key.namespace.clone(),
                 name: key.name.clone(),
             };
+            // A pod injected with the gateway template is a gateway proxy, not a sidecar.
             let injected = new.is_some_and(|o| {
-                o.metadata()
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key(SIDECAR_STATUS_ANNOTATION))
+                o.metadata().annotations.as_ref().is_some_and(|a| {
+                    a.contains_key(SIDECAR_STATUS_ANNOTATION)
+                        && !super::routers::gateway_template(a)
+                })
             });
             if injected {
                 self.pods.insert(sk);

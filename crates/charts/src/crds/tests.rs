@@ -145,7 +145,10 @@ fn the_istio_gateway_schema_has_its_servers() {
     let server = &gw["properties"]["servers"]["items"]["properties"];
     assert_eq!(server["hosts"]["items"]["type"], "string");
     assert_eq!(server["port"]["properties"]["number"]["type"], "integer");
-    assert_eq!(server["tls"]["properties"]["httpsRedirect"]["type"], "boolean");
+    assert_eq!(
+        server["tls"]["properties"]["httpsRedirect"]["type"],
+        "boolean"
+    );
     assert_eq!(
         gw["properties"]["selector"]["additionalProperties"]["type"],
         "string"
