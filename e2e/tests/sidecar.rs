@@ -15,7 +15,8 @@ use mesh_e2e::injection;
 use mesh_e2e::waypoint::Waypoint;
 use mesh_testutil::netns::have_root;
 use mesh_testutil::{
-    http_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, JwtIssuer, Netns, TlsFiles,
+    http_request, https_request, namespace_yaml, ClusterDir, HttpApp, HttpResponse, JwtIssuer,
+    Netns, TlsFiles,
 };
 
 const APP_PORT: u16 = 8080;
@@ -32,6 +33,8 @@ const INGRESS_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/ingress";
 /// Where the ingress gateway's pod listens for its Gateway's port 80 (the targetPort its
 /// Service is given).
 const INGRESS_PORT: u16 = 8081;
+/// Where it listens for the Gateway's port 443.
+const INGRESS_TLS_PORT: u16 = 8444;
 
 fn service(ns: &str, name: &str, vip: &str) -> String {
     format!(
@@ -44,6 +47,7 @@ fn service(ns: &str, name: &str, vip: &str) -> String {
 fn gateway_chart() -> Rendered {
     let values = serde_json::json!({"service": {"type": "ClusterIP", "ports": [
         {"name": "http2", "port": 80, "protocol": "TCP", "targetPort": INGRESS_PORT},
+        {"name": "https", "port": 443, "protocol": "TCP", "targetPort": INGRESS_TLS_PORT},
     ]}});
     Helm::default()
         .render(
@@ -56,16 +60,24 @@ fn gateway_chart() -> Rendered {
 }
 
 /// An ingress gateway as Istio users install one: the chart's Service, a Gateway selecting its
-/// pods (`istio: ingress`) on port 80 for every host, and VirtualServices bound to it by host:
-/// one to the sidecar server, one to the ambient service.
-fn ingress_objects(dir: &ClusterDir, chart: &Rendered) {
+/// pods (`istio: ingress`) on port 80 for every host and on 443 with TLS from the Secret
+/// `ingress-cert` (a certificate of `tls` for server.example.com), and VirtualServices bound to
+/// it by host: one to the sidecar server, one to the ambient service.
+fn ingress_objects(dir: &ClusterDir, chart: &Rendered, tls: &TlsFiles) {
     let service = chart
         .get("Service", "ingress")
         .expect("the chart's Service");
     dir.write("ingress-svc.yaml", &service.value.to_string());
+    let (cert, key) = tls.server_pem();
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "ingress-cert", "namespace": "istio-system"},
+        "stringData": {"tls.crt": cert, "tls.key": key},
+    });
+    dir.write("ingress-cert.yaml", &secret.to_string());
     dir.write(
         "ingress.yaml",
-        "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: ingress\n  namespace: istio-system\nspec:\n  selector: {istio: ingress}\n  servers:\n  - port: {number: 80, name: http, protocol: HTTP}\n    hosts: [\"*\"]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: server-ingress\n  namespace: legacy\nspec:\n  hosts: [server.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{destination: {host: server, port: {number: 80}}}]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: amb-ingress\n  namespace: demo\nspec:\n  hosts: [amb.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{destination: {host: amb}}]\n",
+        "apiVersion: networking.istio.io/v1\nkind: Gateway\nmetadata:\n  name: ingress\n  namespace: istio-system\nspec:\n  selector: {istio: ingress}\n  servers:\n  - port: {number: 80, name: http, protocol: HTTP}\n    hosts: [\"*\"]\n  - port: {number: 443, name: https, protocol: HTTPS}\n    hosts: [\"*\"]\n    tls: {mode: SIMPLE, credentialName: ingress-cert}\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: server-ingress\n  namespace: legacy\nspec:\n  hosts: [server.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{destination: {host: server, port: {number: 80}}}]\n---\napiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata:\n  name: amb-ingress\n  namespace: demo\nspec:\n  hosts: [amb.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - route: [{destination: {host: amb}}]\n",
     );
 }
 
@@ -337,6 +349,26 @@ fn ingress_gateway_routes_into_the_mesh(m: &Mesh) {
         "the ambient pod's ztunnel saw the gateway's identity"
     );
     assert_eq!(call("unknown.example.com").map(|r| r.status), Some(404));
+    // HTTPS: the gateway presents the Secret's certificate (verified against its CA) and
+    // routes by host as on 80.
+    let tls_gateway = m.ingress.addr(INGRESS_TLS_PORT);
+    let https = || {
+        https_request(
+            &m.outsider.netns,
+            tls_gateway,
+            "server.example.com",
+            m.ingress_tls.client_config(false),
+            &[("host", "server.example.com")],
+            Duration::from_secs(5),
+        )
+    };
+    assert!(
+        eventually(|| https().is_some_and(|r| r.status == 200 && r.body == "server")),
+        "HTTPS through the gateway: {:?}\n--- ingress\n{}",
+        https().map(|r| r.status),
+        m.ingress_proxy.log()
+    );
+    assert!(m.ingress_proxy.stat("listener.0.0.0.0_8444.ssl.handshake") > 0);
     nothing_rejected(&m.ingress_proxy);
 }
 
@@ -379,6 +411,7 @@ struct Mesh {
     server_proxy: Waypoint,
     ingress: MeshPod,
     ingress_proxy: Waypoint,
+    ingress_tls: TlsFiles,
     secure_app: HttpApp,
     tls: TlsFiles,
     _tls_dir: tempfile::TempDir,
@@ -386,13 +419,19 @@ struct Mesh {
 
 fn deploy() -> Mesh {
     let chart = gateway_chart();
+    let tls_dir = tempfile::tempdir().expect("tls dir");
+    let ingress_tls = TlsFiles::generate(
+        &tls_dir.path().join("ingress"),
+        "ingress-ca",
+        "server.example.com",
+    );
     let mut cluster = MeshCluster::start(
         "sidecar",
         &["node1", "node2"],
         Redirection::Nftables,
         |dir| {
             setup(dir);
-            ingress_objects(dir, &chart);
+            ingress_objects(dir, &chart, &ingress_tls);
         },
     );
     let mut add = |spec: PodSpec| {
@@ -410,7 +449,6 @@ fn deploy() -> Mesh {
     let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, APP_PORT));
     let app = HttpApp::start(&server.netns, any, "server").expect("server app");
     let outsider_app = HttpApp::start(&outsider.netns, any, "outsider").expect("outsider app");
-    let tls_dir = tempfile::tempdir().expect("tls dir");
     let tls = TlsFiles::generate(tls_dir.path(), "outsider-ca", SECURE_NAME);
     let secure_addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, SECURE_PORT));
     let secure_app = HttpApp::start_tls(
@@ -442,6 +480,7 @@ fn deploy() -> Mesh {
         server_proxy,
         ingress,
         ingress_proxy,
+        ingress_tls,
         secure_app,
         tls,
         _tls_dir: tls_dir,

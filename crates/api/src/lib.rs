@@ -24,7 +24,7 @@ pub use istio::*;
 pub use istio_gateway::*;
 pub use k8s_openapi;
 pub use k8s_openapi::api::apps::v1::Deployment;
-pub use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service, ServiceAccount};
+pub use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service, ServiceAccount};
 pub use k8s_openapi::api::discovery::v1::EndpointSlice;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use labels::{label, selector_matches};

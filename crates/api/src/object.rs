@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use crate::{
     ApiError, AuthorizationPolicy, Deployment, DestinationRule, EndpointSlice, Gateway,
     GatewayClass, GrpcRoute, HttpRoute, IstioGateway, Namespace, Node, ObjectMeta,
-    PeerAuthentication, Pod, RequestAuthentication, Service, ServiceAccount, ServiceEntry, Sidecar,
-    TcpRoute, VirtualService, WorkloadEntry,
+    PeerAuthentication, Pod, RequestAuthentication, Secret, Service, ServiceAccount, ServiceEntry,
+    Sidecar, TcpRoute, VirtualService, WorkloadEntry,
 };
 
 /// The kinds of object the mesh reads.
@@ -36,11 +36,13 @@ pub enum Kind {
     Sidecar,
     /// `networking.istio.io` Gateway (the Gateway API's is [`Kind::Gateway`]).
     IstioGateway,
+    /// Core v1 Secret (TLS credentials of gateways, `credentialName`).
+    Secret,
 }
 
 impl Kind {
     /// Every kind, in a stable order.
-    pub const ALL: [Kind; 21] = [
+    pub const ALL: [Kind; 22] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -62,6 +64,7 @@ impl Kind {
         Kind::RequestAuthentication,
         Kind::Sidecar,
         Kind::IstioGateway,
+        Kind::Secret,
     ];
 
     /// Every kind with its `apiVersion`, for messages (`v1 Namespace, v1 Pod, ...`).
@@ -97,13 +100,19 @@ impl Kind {
             Kind::RequestAuthentication => "RequestAuthentication",
             Kind::Sidecar => "Sidecar",
             Kind::IstioGateway => "Gateway",
+            Kind::Secret => "Secret",
         }
     }
 
     /// API groups (without version) this kind is served under.
     fn group(self) -> &'static str {
         match self {
-            Kind::Namespace | Kind::Pod | Kind::Service | Kind::ServiceAccount | Kind::Node => "",
+            Kind::Namespace
+            | Kind::Pod
+            | Kind::Service
+            | Kind::ServiceAccount
+            | Kind::Node
+            | Kind::Secret => "",
             Kind::Deployment => "apps",
             Kind::EndpointSlice => "discovery.k8s.io",
             Kind::ServiceEntry
@@ -220,6 +229,7 @@ pub enum Object {
     RequestAuthentication(Box<RequestAuthentication>),
     Sidecar(Box<Sidecar>),
     IstioGateway(Box<IstioGateway>),
+    Secret(Box<Secret>),
 }
 
 impl Object {
@@ -246,6 +256,7 @@ impl Object {
             Object::RequestAuthentication(_) => Kind::RequestAuthentication,
             Object::Sidecar(_) => Kind::Sidecar,
             Object::IstioGateway(_) => Kind::IstioGateway,
+            Object::Secret(_) => Kind::Secret,
         }
     }
 
@@ -272,6 +283,7 @@ impl Object {
             Object::RequestAuthentication(o) => &o.metadata,
             Object::Sidecar(o) => &o.metadata,
             Object::IstioGateway(o) => &o.metadata,
+            Object::Secret(o) => &o.metadata,
         }
     }
 
@@ -329,6 +341,7 @@ impl Object {
             }
             Kind::Sidecar => Object::Sidecar(decode(kind, &name, value)?),
             Kind::IstioGateway => Object::IstioGateway(decode(kind, &name, value)?),
+            Kind::Secret => Object::Secret(decode(kind, &name, value)?),
         };
         if kind.namespaced() {
             let meta = obj.metadata_mut();
@@ -387,6 +400,7 @@ impl Object {
             Object::RequestAuthentication(o) => &mut o.metadata,
             Object::Sidecar(o) => &mut o.metadata,
             Object::IstioGateway(o) => &mut o.metadata,
+            Object::Secret(o) => &mut o.metadata,
         }
     }
 }

@@ -579,6 +579,7 @@ const ISTIOD_CALLS: &[(&str, &str, &str)] = &[
     ("", "services", "watch"),
     ("", "serviceaccounts", "list"),
     ("", "nodes", "watch"),
+    ("", "secrets", "watch"),
     ("discovery.k8s.io", "endpointslices", "watch"),
     ("", "configmaps", "create"),
     ("", "configmaps", "patch"),

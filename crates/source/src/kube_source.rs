@@ -122,6 +122,7 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::RequestAuthentication => "requestauthentications",
         Kind::Sidecar => "sidecars",
         Kind::IstioGateway => "gateways",
+        Kind::Secret => "secrets",
     }
 }
 
@@ -187,6 +188,10 @@ async fn served(client: &Client, kind: Kind) -> bool {
     }
 }
 
+/// The Secrets istiod does not read.
+pub const SECRET_FIELDS: &str =
+    "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
+
 async fn watch_kind(
     client: Client,
     kind: Kind,
@@ -213,6 +218,10 @@ async fn watch_kind(
         if let Some(f) = &options.pod_field_selector {
             config = config.fields(f);
         }
+    }
+    if kind == Kind::Secret {
+        // As Istio's: not the (large, many) Helm release records nor service account tokens.
+        config = config.fields(SECRET_FIELDS);
     }
     let mut stream = watcher(api, config).default_backoff().boxed();
     while let Some(item) = stream.next().await {

@@ -268,6 +268,46 @@ pub fn http_request(
     })
 }
 
+/// `GET path` over TLS (`tls`, server name `sni`) to `addr` from `netns`, with `headers`, at
+/// most `timeout` in all; `None` when the connection, the handshake or the exchange fails.
+pub fn https_request(
+    netns: &Netns,
+    addr: SocketAddr,
+    sni: &str,
+    tls: std::sync::Arc<rustls::ClientConfig>,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> Option<HttpResponse> {
+    let start = Instant::now();
+    let stream = netns.tcp_connect(addr, timeout).ok()?;
+    stream.set_nonblocking(true).ok()?;
+    let left = timeout.checked_sub(start.elapsed())?;
+    let name = rustls_pki_types::ServerName::try_from(sni.to_string()).ok()?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                rt.block_on(async {
+                    let stream = tokio::net::TcpStream::from_std(stream).ok()?;
+                    let exchange = async {
+                        let tls = tokio_rustls::TlsConnector::from(tls)
+                            .connect(name, stream)
+                            .await
+                            .ok()?;
+                        exchange(tls, addr, "GET", "/", headers, start).await.ok()
+                    };
+                    tokio::time::timeout(left, exchange).await.ok()?
+                })
+            })
+            .join()
+            .ok()
+            .flatten()
+    })
+}
+
 /// `GET path` on `addr` from the caller's network namespace, at most `timeout` in all.
 pub async fn http_get(
     addr: SocketAddr,
@@ -298,14 +338,17 @@ pub async fn http_call(
 }
 
 /// One request over `stream` (hyper's HTTP/1.1 client), the whole response body read.
-async fn exchange(
-    stream: tokio::net::TcpStream,
+async fn exchange<S>(
+    stream: S,
     addr: SocketAddr,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
     start: Instant,
-) -> Result<HttpResponse, HttpClientError> {
+) -> Result<HttpResponse, HttpClientError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let failed = |source| HttpClientError::Exchange { addr, source };
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await

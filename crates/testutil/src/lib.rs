@@ -26,7 +26,9 @@ pub use fake_zds::{
     workload_info, AckResult, FakeZds, FakeZdsError, SnapshotItem, ACK_DEADLINE, CONNECT_WAIT,
 };
 pub use golden::golden;
-pub use http_app::{http_call, http_get, http_request, HttpApp, HttpClientError, HttpResponse};
+pub use http_app::{
+    http_call, http_get, http_request, https_request, HttpApp, HttpClientError, HttpResponse,
+};
 pub use jwt::{JwtIssuer, JwtIssuerError};
 pub use memory_snapshot::MemorySnapshot;
 pub use netns::{Netns, NetnsError, TestNet};

@@ -59,6 +59,44 @@ impl TlsFiles {
         }
     }
 
+    /// The CA certificate (PEM).
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The server certificate and key (PEM), e.g. for a Kubernetes TLS Secret.
+    pub fn server_pem(&self) -> (&str, &str) {
+        (&self.server_cert_pem, &self.server_key_pem)
+    }
+
+    /// A client trusting this CA only, presenting the client certificate when `with_cert`.
+    pub fn client_config(&self, with_cert: bool) -> Arc<rustls::ClientConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
+            roots.add(c.expect("ca pem")).expect("root");
+        }
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocol versions")
+            .with_root_certificates(roots);
+        let mut config = if with_cert {
+            let read = |p: &Path| std::fs::read(p).expect("client pem");
+            let chain: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(&read(&self.client_cert))
+                    .map(|c| c.expect("client cert"))
+                    .collect();
+            let key = PrivateKeyDer::from_pem_slice(&read(&self.client_key)).expect("client key");
+            builder
+                .with_client_auth_cert(chain, key)
+                .expect("client config")
+        } else {
+            builder.with_no_client_auth()
+        };
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Arc::new(config)
+    }
+
     /// A server presenting the server certificate; with `require_client_cert`, clients must
     /// present a certificate of this CA.
     pub fn server_config(&self, require_client_cert: bool) -> Arc<ServerConfig> {

@@ -23,7 +23,7 @@ use mesh_proto::type_url;
 use mesh_xds::{Resource, ResourceMap};
 use serde::Serialize;
 
-pub use gateway::{binds as vs_binds_gateway, BoundServer, GatewayInputs};
+pub use gateway::{binds as vs_binds_gateway, BoundServer, Credential, GatewayInputs};
 pub use inbound::{InboundEndpoint, InboundPort, PeerMode, SidecarInputs};
 pub use scope::{validate_sidecar, IngressEndpoint, IngressPort, SidecarScope};
 
@@ -101,6 +101,7 @@ pub fn generate_gateway(
 ) -> ProxyResources {
     let mut errors = Vec::new();
     let mut out = Builder::from(outbound);
+    out.by_type.insert(type_url::SECRET, ResourceMap::new());
     gateway::outbound_part(&mut out);
     gateway::generate(inputs, &mut out, &mut errors);
     out.finish(version, errors)

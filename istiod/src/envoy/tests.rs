@@ -606,6 +606,29 @@ pub(super) fn validation_bootstrap(res: &ProxyResources) -> Vec<u8> {
         static_resources: Some(bootstrap::StaticResources {
             listeners: decode(res, type_url::LISTENER),
             clusters,
+            // Secrets istiod serves (a gateway's credentials), checked as Envoy loads them.
+            secrets: if res.get(type_url::SECRET).is_some() {
+                decode(res, type_url::SECRET)
+            } else {
+                Vec::new()
+            },
+        }),
+        // As the agent's bootstrap: ADS over xds-grpc (SDS of gateway credentials uses it).
+        dynamic_resources: Some(bootstrap::DynamicResources {
+            ads_config: Some(mesh_proto::envoy::pb::envoy::config::core::v3::ApiConfigSource {
+                api_type: mesh_proto::envoy::pb::envoy::config::core::v3::api_config_source::ApiType::Grpc as i32,
+                transport_api_version: mesh_proto::envoy::pb::envoy::config::core::v3::ApiVersion::V3 as i32,
+                grpc_services: vec![mesh_proto::envoy::pb::envoy::config::core::v3::GrpcService {
+                    target_specifier: Some(mesh_proto::envoy::pb::envoy::config::core::v3::grpc_service::TargetSpecifier::EnvoyGrpc(
+                        mesh_proto::envoy::pb::envoy::config::core::v3::grpc_service::EnvoyGrpc {
+                            cluster_name: "xds-grpc".into(),
+                            ..Default::default()
+                        },
+                    )),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         bootstrap_extensions: vec![TypedExtensionConfig {

@@ -240,3 +240,79 @@ fn transport_socket(config: mesh_proto::envoy::pb::google::protobuf::Any) -> Tra
         config_type: Some(ConfigType::TypedConfig(config)),
     }
 }
+
+/// The SDS name of a gateway credential (`credentialName`), served by istiod over ADS.
+pub fn credential_resource(name: &str) -> String {
+    format!("kubernetes://{name}")
+}
+
+/// The SDS name of a gateway credential's client CA (`MUTUAL`).
+pub fn credential_ca_resource(name: &str) -> String {
+    format!("kubernetes://{name}-cacert")
+}
+
+/// An SDS secret istiod serves itself, over the proxy's ADS stream.
+fn ads_sds(name: String) -> SdsSecretConfig {
+    SdsSecretConfig {
+        name,
+        sds_config: Some(super::any::ads_source()),
+    }
+}
+
+/// A gateway server's TLS termination with `credentialName`: the certificate by SDS over ADS,
+/// and for `MUTUAL` a client certificate required and checked against the credential's CA.
+pub fn gateway_server(credential: &str, mutual: bool) -> TransportSocket {
+    let ctx = DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificate_sds_secret_configs: vec![ads_sds(credential_resource(credential))],
+            validation_context_type: mutual.then(|| {
+                ValidationContextType::ValidationContextSdsSecretConfig(ads_sds(
+                    credential_ca_resource(credential),
+                ))
+            }),
+            alpn_protocols: vec!["h2".into(), "http/1.1".into()],
+            ..CommonTlsContext::default()
+        }),
+        require_client_certificate: mutual.then(|| bool_value(true)),
+        ..DownstreamTlsContext::default()
+    };
+    transport_socket(pack(&ctx))
+}
+
+/// The Envoy secrets of a gateway credential: its certificate chain and key, and (when it
+/// has one) its CA.
+pub fn credential_secrets(
+    name: &str,
+    cert_chain: &[u8],
+    key: &[u8],
+    ca: Option<&[u8]>,
+) -> Vec<mesh_proto::envoy::pb::envoy::extensions::transport_sockets::tls::v3::Secret> {
+    use mesh_proto::envoy::pb::envoy::config::core::v3::{data_source, DataSource};
+    use mesh_proto::envoy::pb::envoy::extensions::transport_sockets::tls::v3::{
+        secret, Secret, TlsCertificate,
+    };
+    let inline = |b: &[u8]| DataSource {
+        specifier: Some(data_source::Specifier::InlineBytes(b.to_vec())),
+        ..DataSource::default()
+    };
+    let mut out = vec![Secret {
+        name: credential_resource(name),
+        r#type: Some(secret::Type::TlsCertificate(TlsCertificate {
+            certificate_chain: Some(inline(cert_chain)),
+            private_key: Some(inline(key)),
+            ..TlsCertificate::default()
+        })),
+    }];
+    if let Some(ca) = ca {
+        out.push(Secret {
+            name: credential_ca_resource(name),
+            r#type: Some(secret::Type::ValidationContext(
+                CertificateValidationContext {
+                    trusted_ca: Some(inline(ca)),
+                    ..CertificateValidationContext::default()
+                },
+            )),
+        });
+    }
+    out
+}

@@ -13,14 +13,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use mesh_api::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use mesh_api::{selector_matches, IstioGateway, Kind, Object, Pod, VirtualService};
+use mesh_api::{
+    selector_matches, IstioGateway, Kind, Object, ObjectKey, Pod, Secret, VirtualService,
+};
 use mesh_xds::ResourceMap;
 
 use super::state::{meta_labels, State};
 use super::waypoints::WaypointIndex;
 use super::ModelConfig;
 use crate::envoy::sidecar::{
-    generate_gateway, generate_outbound, vs_binds_gateway, BoundServer, GatewayInputs, SidecarKey,
+    generate_gateway, generate_outbound, vs_binds_gateway, BoundServer, Credential, GatewayInputs,
+    SidecarKey,
 };
 use crate::envoy::{Flavor, ProxyResources, WaypointInputs, WaypointKey};
 
@@ -105,10 +108,12 @@ impl RouterIndex {
                 })
                 .cloned()
                 .collect();
+            let credentials = credentials(state, &key.namespace, &servers);
             let inputs = GatewayInputs {
                 outbound: inputs.clone(),
                 servers,
                 virtual_services,
+                credentials,
             };
             let fresh = generate_gateway(side, &inputs, version);
             let keep = (self.views.get(key)).is_some_and(|old| old.same_content(&fresh));
@@ -236,6 +241,74 @@ fn target_port(services: &[&mesh_api::Service], pod: &Pod, port: u16) -> u16 {
         }
     }
     port
+}
+
+/// The credentials the servers name (`credentialName`), from the Secrets of the gateway's
+/// namespace `ns`, as Istio reads them: `tls.crt` / `tls.key` (`kubernetes.io/tls`) or `cert` /
+/// `key`, the CA from `ca.crt` or `cacert`, else from the Secret `<name>-cacert`.
+fn credentials(
+    state: &State,
+    ns: &str,
+    servers: &[BoundServer],
+) -> BTreeMap<String, Result<Credential, String>> {
+    let mut out = BTreeMap::new();
+    for s in servers {
+        if let Some(name) = s
+            .server
+            .tls
+            .as_ref()
+            .and_then(|t| t.credential_name.as_deref())
+        {
+            out.entry(name.to_string())
+                .or_insert_with(|| credential(state, ns, name));
+        }
+    }
+    out
+}
+
+fn credential(state: &State, ns: &str, name: &str) -> Result<Credential, String> {
+    let secret = |n: &str| match state.get(&ObjectKey::new(Kind::Secret, ns, n)) {
+        Some(Object::Secret(s)) => Some(&**s),
+        _ => None,
+    };
+    let Some(found) = secret(name) else {
+        return Err(format!("no Secret {name} in the gateway's namespace {ns}"));
+    };
+    let cert = secret_data(found, &["tls.crt", "cert"]);
+    let key = secret_data(found, &["tls.key", "key"]);
+    let (Some(cert_chain), Some(key)) = (cert, key) else {
+        return Err(format!(
+            "Secret {ns}/{name} has neither tls.crt and tls.key nor cert and key"
+        ));
+    };
+    let pem = |b: &[u8], what: &str| {
+        String::from_utf8_lossy(b)
+            .contains(&format!("{what}-----"))
+            .then_some(())
+            .ok_or_else(|| format!("Secret {ns}/{name}: the {} is not PEM", what.to_lowercase()))
+    };
+    pem(&cert_chain, "CERTIFICATE")?;
+    pem(&key, "PRIVATE KEY")?;
+    let ca = secret_data(found, &["ca.crt", "cacert"]).or_else(|| {
+        secret(&format!("{name}-cacert")).and_then(|s| secret_data(s, &["ca.crt", "cacert"]))
+    });
+    Ok(Credential {
+        cert_chain,
+        key,
+        ca,
+    })
+}
+
+/// The first of `keys` the Secret holds, in `data` or (as written in a file) `stringData`.
+fn secret_data(secret: &Secret, keys: &[&str]) -> Option<Vec<u8>> {
+    keys.iter().find_map(|k| {
+        (secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(*k))
+            .map(|b| b.0.clone()))
+        .or_else(|| (secret.string_data.as_ref()?.get(*k)).map(|s| s.clone().into_bytes()))
+    })
 }
 
 /// VirtualServices that name some gateway other than `mesh`, oldest first.

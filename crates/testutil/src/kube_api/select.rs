@@ -118,8 +118,9 @@ impl FieldSelector {
                 return Err(format!("invalid field selector {part:?}"));
             };
             let key = key.trim();
-            let known =
-                COMMON_FIELDS.contains(&key) || (kind == "Pod" && POD_FIELDS.contains(&key));
+            let known = COMMON_FIELDS.contains(&key)
+                || (kind == "Pod" && POD_FIELDS.contains(&key))
+                || (kind == "Secret" && key == "type");
             if !known {
                 return Err(format!("field label not supported: {key}"));
             }

@@ -4,12 +4,14 @@
 //! and the VirtualServices bound to them have in common; clusters and endpoints as a sidecar of
 //! the gateway's namespace has them (Istio mutual TLS to sidecars, HBONE to ambient pods).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use mesh_api::{GatewayServer, VirtualService};
-use mesh_proto::envoy::pb::envoy::config::listener::v3::{FilterChain, Listener};
+use mesh_proto::envoy::pb::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener,
+};
 use mesh_proto::envoy::pb::envoy::config::route::v3::{
     virtual_host::TlsRequirementType, RouteConfiguration, VirtualHost,
 };
@@ -24,7 +26,8 @@ use super::super::any::{ads_source, bool_value, duration, object_name, pack};
 use super::super::inputs::WaypointInputs;
 use super::super::listeners::{fault_filter, network_filter, router, socket_address};
 use super::super::routes::RouteError;
-use super::super::{names, telemetry, virtual_service};
+use super::super::{names, telemetry, tls, virtual_service};
+use super::inbound::tls_inspector;
 use super::{Builder, SidecarError};
 
 /// One server of a Gateway that selects the proxy, with the port the proxy listens on for it.
@@ -48,40 +51,40 @@ pub struct GatewayInputs {
     pub servers: Vec<BoundServer>,
     /// VirtualServices naming one of those Gateways in `gateways`, oldest first.
     pub virtual_services: Vec<Arc<VirtualService>>,
+    /// The servers' `credentialName`s: the Secret's credential, or why it cannot be used.
+    pub credentials: BTreeMap<String, Result<Credential, String>>,
 }
 
-/// Protocols served as HTTP.
+/// A TLS credential from a Secret: PEM certificate chain and key, and the CA that client
+/// certificates must chain to (`MUTUAL`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Credential {
+    pub cert_chain: Vec<u8>,
+    pub key: Vec<u8>,
+    pub ca: Option<Vec<u8>>,
+}
+
+/// Protocols served as plain-text HTTP.
 const HTTP_PROTOCOLS: [&str; 4] = ["HTTP", "HTTP2", "GRPC", "GRPC-WEB"];
 
+/// How a server takes its connections.
+enum Termination<'a> {
+    /// Plain-text HTTP.
+    Plain,
+    /// TLS with the certificate of `credentialName`; `MUTUAL` requires a client certificate.
+    Tls { credential: &'a str, mutual: bool },
+}
+
 pub(super) fn generate(inputs: &GatewayInputs, out: &mut Builder, errors: &mut Vec<RouteError>) {
-    let mut by_port: BTreeMap<u16, Vec<&BoundServer>> = BTreeMap::new();
+    let mut by_port: BTreeMap<u16, Vec<(&BoundServer, Termination)>> = BTreeMap::new();
     for s in &inputs.servers {
-        let mut problem = |field: &str, problem: String| {
-            errors.push(RouteError::Sidecar(SidecarError::Gateway {
-                gateway: s.gateway.clone(),
-                field: format!("spec.servers[{}]{field}", s.index),
-                problem,
-            }))
+        let Some(termination) = termination(inputs, s, errors) else {
+            continue;
         };
-        let protocol = (s.server.port.as_ref())
-            .map(|p| p.protocol.to_ascii_uppercase())
-            .unwrap_or_default();
-        if !HTTP_PROTOCOLS.contains(&protocol.as_str()) {
-            problem(
-                ".port.protocol",
-                format!("{protocol:?} servers are not supported by this gateway (HTTP, HTTP2, GRPC and GRPC-WEB are); the server is ignored"),
-            );
-            continue;
-        }
-        if s.server.tls.as_ref().is_some_and(|t| t.mode.is_some()) {
-            problem(
-                ".tls.mode",
-                "TLS termination is not supported by this gateway; the server is ignored".into(),
-            );
-            continue;
-        }
         if !s.server.bind.is_empty() {
-            problem(
+            server_problem(
+                errors,
+                s,
                 ".bind",
                 format!(
                     "bind {:?} is not supported; the server listens on every address",
@@ -89,22 +92,192 @@ pub(super) fn generate(inputs: &GatewayInputs, out: &mut Builder, errors: &mut V
                 ),
             );
         }
-        by_port.entry(s.listen_port).or_default().push(s);
+        by_port
+            .entry(s.listen_port)
+            .or_default()
+            .push((s, termination));
     }
+    let log = &inputs.outbound.access_log_file;
     for (port, servers) in by_port {
-        let hosts = virtual_hosts(inputs, &servers, errors);
-        let name = format!("http.{port}");
-        let rc = RouteConfiguration {
-            name: name.clone(),
-            virtual_hosts: hosts,
-            validate_clusters: Some(bool_value(false)),
-            ignore_port_in_host_matching: true,
-            ..RouteConfiguration::default()
+        let plain: Vec<&BoundServer> = (servers.iter())
+            .filter(|(_, t)| matches!(t, Termination::Plain))
+            .map(|(s, _)| *s)
+            .collect();
+        if !plain.is_empty() {
+            for (s, t) in &servers {
+                if matches!(t, Termination::Tls { .. }) {
+                    server_problem(errors, s, ".port", format!("port {port} is taken by plain-text HTTP servers; a TLS server cannot share it and is ignored"));
+                }
+            }
+            let hosts = virtual_hosts(inputs, &plain, errors);
+            let rc = route_config(format!("http.{port}"), hosts, out);
+            let listener = Listener {
+                name: format!("0.0.0.0_{port}"),
+                address: Some(socket_address("0.0.0.0", port)),
+                filter_chains: vec![FilterChain {
+                    filters: vec![http_filter(port, &rc, log)],
+                    ..FilterChain::default()
+                }],
+                ..Listener::default()
+            };
+            out.put(type_url::LISTENER, &listener.name.clone(), &listener);
+            continue;
+        }
+        // TLS servers: a filter chain each, chosen by SNI among the server's hosts.
+        let mut chains = Vec::new();
+        let mut seen: BTreeSet<Vec<String>> = BTreeSet::new();
+        for (s, t) in &servers {
+            let Termination::Tls { credential, mutual } = t else {
+                continue;
+            };
+            let names = sni_names(s);
+            if !seen.insert(names.clone()) {
+                server_problem(errors, s, ".hosts", format!("another TLS server on port {port} already takes these hosts; the server is ignored"));
+                continue;
+            }
+            let (name, gw_ns) = s
+                .gateway
+                .split_once('/')
+                .map_or(("", ""), |(ns, n)| (n, ns));
+            let port_name = s.server.port.as_ref().map_or("", |p| p.name.as_str());
+            let server_port = s.server.port.as_ref().map_or(0, |p| p.number);
+            let hosts = virtual_hosts(inputs, &[s], errors);
+            let rc = route_config(
+                format!("https.{server_port}.{port_name}.{name}.{gw_ns}"),
+                hosts,
+                out,
+            );
+            if let Some(Ok(c)) = inputs.credentials.get(*credential) {
+                let ca = if *mutual { c.ca.as_deref() } else { None };
+                for secret in tls::credential_secrets(credential, &c.cert_chain, &c.key, ca) {
+                    out.put(type_url::SECRET, &secret.name.clone(), &secret);
+                }
+            }
+            chains.push(FilterChain {
+                filter_chain_match: Some(FilterChainMatch {
+                    server_names: names,
+                    ..FilterChainMatch::default()
+                }),
+                transport_socket: Some(tls::gateway_server(credential, *mutual)),
+                filters: vec![http_filter(port, &rc, log)],
+                ..FilterChain::default()
+            });
+        }
+        if chains.is_empty() {
+            continue;
+        }
+        let listener = Listener {
+            name: format!("0.0.0.0_{port}"),
+            address: Some(socket_address("0.0.0.0", port)),
+            listener_filters: vec![tls_inspector()],
+            filter_chains: chains,
+            ..Listener::default()
         };
-        out.put(type_url::ROUTE, &name, &rc);
-        let listener = http_listener(port, &rc, &inputs.outbound.access_log_file);
         out.put(type_url::LISTENER, &listener.name.clone(), &listener);
     }
+}
+
+/// How `s` terminates connections, or `None` (reported) when the gateway cannot serve it.
+fn termination<'a>(
+    inputs: &'a GatewayInputs,
+    s: &'a BoundServer,
+    errors: &mut Vec<RouteError>,
+) -> Option<Termination<'a>> {
+    let protocol = (s.server.port.as_ref())
+        .map(|p| p.protocol.to_ascii_uppercase())
+        .unwrap_or_default();
+    let tls = s.server.tls.as_ref();
+    let mode = tls
+        .and_then(|t| t.mode.as_deref())
+        .map(str::to_ascii_uppercase);
+    let http = HTTP_PROTOCOLS.contains(&protocol.as_str());
+    match (protocol.as_str(), mode.as_deref()) {
+        (_, None) if http => Some(Termination::Plain),
+        (_, Some(m @ ("SIMPLE" | "MUTUAL"))) if http || protocol == "HTTPS" => {
+            let Some(credential) = tls.and_then(|t| t.credential_name.as_deref()) else {
+                server_problem(errors, s, ".tls.credentialName", "is required: this gateway takes certificates from Secrets only (serverCertificate files are not supported); the server is ignored".into());
+                return None;
+            };
+            let mutual = m == "MUTUAL";
+            match inputs.credentials.get(credential) {
+                Some(Ok(c)) if mutual && c.ca.is_none() => {
+                    server_problem(errors, s, ".tls.credentialName", format!("Secret {credential} has no CA (ca.crt or cacert, or a Secret {credential}-cacert) for MUTUAL; the server is ignored"));
+                    None
+                }
+                Some(Ok(_)) => Some(Termination::Tls { credential, mutual }),
+                Some(Err(why)) => {
+                    server_problem(
+                        errors,
+                        s,
+                        ".tls.credentialName",
+                        format!("{why}; the server is ignored"),
+                    );
+                    None
+                }
+                None => {
+                    server_problem(errors, s, ".tls.credentialName", format!("no Secret {credential} in the gateway's namespace; the server is ignored"));
+                    None
+                }
+            }
+        }
+        ("HTTPS", m) => {
+            server_problem(errors, s, ".tls.mode", format!("{:?} is not supported by this gateway (SIMPLE and MUTUAL with credentialName are); the server is ignored", m.unwrap_or("")));
+            None
+        }
+        (_, Some(m)) if http => {
+            server_problem(
+                errors,
+                s,
+                ".tls.mode",
+                format!("{m:?} on a {protocol} server is not supported; the server is ignored"),
+            );
+            None
+        }
+        _ => {
+            server_problem(errors, s, ".port.protocol", format!("{protocol:?} servers are not supported by this gateway (HTTP, HTTP2, GRPC, GRPC-WEB and HTTPS are); the server is ignored"));
+            None
+        }
+    }
+}
+
+fn server_problem(errors: &mut Vec<RouteError>, s: &BoundServer, field: &str, problem: String) {
+    errors.push(RouteError::Sidecar(SidecarError::Gateway {
+        gateway: s.gateway.clone(),
+        field: format!("spec.servers[{}]{field}", s.index),
+        problem,
+    }));
+}
+
+/// The SNI names a TLS server's chain matches: its hosts without namespace prefixes; none
+/// (any name) when one is `*`.
+fn sni_names(s: &BoundServer) -> Vec<String> {
+    let mut names: Vec<String> = (s.server.hosts.iter())
+        .map(|h| {
+            h.split_once('/')
+                .map_or(h.as_str(), |(_, h)| h)
+                .to_ascii_lowercase()
+        })
+        .collect();
+    if names.iter().any(|n| n == "*") {
+        return Vec::new();
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Route configuration `name` (host matching without the port, as Istio's gateways), put into
+/// `out`.
+fn route_config(name: String, hosts: Vec<VirtualHost>, out: &mut Builder) -> RouteConfiguration {
+    let rc = RouteConfiguration {
+        name,
+        virtual_hosts: hosts,
+        validate_clusters: Some(bool_value(false)),
+        ignore_port_in_host_matching: true,
+        ..RouteConfiguration::default()
+    };
+    out.put(type_url::ROUTE, &rc.name.clone(), &rc);
+    rc
 }
 
 /// The virtual hosts of one listening port: for each server and each VirtualService bound to
@@ -249,8 +422,8 @@ fn covers(p: &str, h: &str) -> bool {
     }
 }
 
-/// `0.0.0.0_<port>`: HTTP on the pod's `port`, routes `http.<port>`.
-fn http_listener(port: u16, rc: &RouteConfiguration, access_log_file: &str) -> Listener {
+/// The HTTP connection manager of a listener on `port`, with the routes of `rc` by RDS.
+fn http_filter(port: u16, rc: &RouteConfiguration, access_log_file: &str) -> Filter {
     let mut http_filters: Vec<_> = fault_filter(&rc.virtual_hosts).into_iter().collect();
     http_filters.push(router());
     let hcm = HttpConnectionManager {
@@ -267,18 +440,7 @@ fn http_listener(port: u16, rc: &RouteConfiguration, access_log_file: &str) -> L
         access_log: telemetry::sidecar_access_logs(access_log_file, "source", "unknown", None),
         ..HttpConnectionManager::default()
     };
-    Listener {
-        name: format!("0.0.0.0_{port}"),
-        address: Some(socket_address("0.0.0.0", port)),
-        filter_chains: vec![FilterChain {
-            filters: vec![network_filter(
-                "envoy.filters.network.http_connection_manager",
-                pack(&hcm),
-            )],
-            ..FilterChain::default()
-        }],
-        ..Listener::default()
-    }
+    network_filter("envoy.filters.network.http_connection_manager", pack(&hcm))
 }
 
 /// Keeps the clusters and endpoints of a sidecar's outbound side (and its HBONE listener),

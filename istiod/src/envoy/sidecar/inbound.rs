@@ -447,7 +447,7 @@ fn blackhole() -> Filter {
     )
 }
 
-fn tls_inspector() -> ListenerFilter {
+pub(super) fn tls_inspector() -> ListenerFilter {
     ListenerFilter {
         name: "envoy.filters.listener.tls_inspector".to_string(),
         config_type: Some(listener_filter::ConfigType::TypedConfig(pack(

@@ -60,7 +60,8 @@ pub(super) fn affected(m: &Model, key: &ObjectKey, old: Option<&Object>, out: &m
         | Kind::DestinationRule
         | Kind::RequestAuthentication
         | Kind::Sidecar
-        | Kind::IstioGateway => {}
+        | Kind::IstioGateway
+        | Kind::Secret => {}
         Kind::Deployment | Kind::ServiceAccount => {}
         // A Node's topology labels are its pods' locality; its status (heartbeats) is not read.
         Kind::Node => {

@@ -101,3 +101,72 @@ fn a_selected_pod_gets_its_gateways_servers_and_bound_routes() {
     ));
     assert_eq!(m.build().routers().count(), 0);
 }
+
+#[test]
+fn credentials_come_from_secrets_of_the_gateways_namespace() {
+    let mut m = mesh();
+    m.apply(obj(json!({
+        "apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+        "metadata": {"name": "ingress", "namespace": "istio-system"},
+        "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+            {"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["*"],
+             "tls": {"mode": "MUTUAL", "credentialName": "cert"}},
+        ]},
+    })));
+    let errors = |s: &crate::model::Snapshot| -> Vec<String> {
+        s.router(&key())
+            .errors
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    let s = m.build();
+    assert!(
+        errors(&s).iter().any(|e| e.contains("no Secret cert")),
+        "{:?}",
+        errors(&s)
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let tls = mesh_testutil::TlsFiles::generate(dir.path(), "ca", "echo.example.com");
+    let (cert, pem_key) = tls.server_pem();
+    // The certificate in one Secret (`data`, as the API serves it), the CA in `<name>-cacert`.
+    let b64 = |s: &str| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    m.apply(obj(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": "cert", "namespace": "istio-system"},
+        "data": {"tls.crt": b64(cert), "tls.key": b64(pem_key)},
+    })));
+    let s = m.build();
+    assert!(
+        errors(&s).iter().any(|e| e.contains("has no CA")),
+        "{:?}",
+        errors(&s)
+    );
+    m.apply(obj(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "cert-cacert", "namespace": "istio-system"},
+        "stringData": {"ca.crt": tls.ca_pem()},
+    })));
+    let s = m.build();
+    assert!(errors(&s).is_empty(), "{:?}", errors(&s));
+    let sds = s.router(&key()).get(type_url::SECRET).expect("sds");
+    assert!(sds.contains_key("kubernetes://cert") && sds.contains_key("kubernetes://cert-cacert"));
+    assert!(s
+        .router(&key())
+        .get(type_url::LISTENER)
+        .expect("lds")
+        .contains_key("0.0.0.0_443"));
+    // A Secret of another namespace does not count.
+    m.delete(&ObjectKey::new(Kind::Secret, "istio-system", "cert"));
+    m.apply(obj(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "cert", "namespace": "shop"},
+        "stringData": {"cert": cert, "key": pem_key},
+    })));
+    assert!(errors(&m.build())
+        .iter()
+        .any(|e| e.contains("no Secret cert")));
+}

@@ -9,6 +9,8 @@ use super::super::tests::{inline_routes, outbound_inputs};
 use super::super::{generate_gateway, generate_outbound};
 use super::*;
 use crate::envoy::ProxyResources;
+use mesh_proto::envoy::pb::envoy::config::listener::v3::Listener;
+use prost::Message;
 
 const GATEWAY: &str = r#"
 metadata: {name: ingress, namespace: istio-system}
@@ -46,9 +48,17 @@ fn gateway_inputs() -> GatewayInputs {
             },
         })
         .collect();
+    let tls = tls_files();
+    let (cert, key) = tls.server_pem();
+    let credential = Credential {
+        cert_chain: cert.as_bytes().to_vec(),
+        key: key.as_bytes().to_vec(),
+        ca: Some(tls.ca_pem().as_bytes().to_vec()),
+    };
     GatewayInputs {
         outbound: outbound_inputs(),
         servers,
+        credentials: BTreeMap::from([("cert".to_string(), Ok(credential))]),
         virtual_services: vec![
             vs("metadata: {name: echo-gw, namespace: shop}\nspec:\n  hosts: [echo.example.com]\n  gateways: [istio-system/ingress]\n  http:\n  - match: [{uri: {prefix: /v2}}]\n    route: [{destination: {host: echo, subset: v1, port: {number: 80}}}]\n  - route: [{destination: {host: echo.shop.svc.cluster.local, port: {number: 80}}}]\n"),
             // Bare `ingress` is shop's own (there is none): not bound.
@@ -57,6 +67,30 @@ fn gateway_inputs() -> GatewayInputs {
             vs("metadata: {name: echo-dup, namespace: shop}\nspec:\n  hosts: [echo.example.com]\n  gateways: [istio-system/ingress, mesh]\n  http:\n  - route: [{destination: {host: echo-v2, port: {number: 80}}}]\n"),
         ],
     }
+}
+
+/// A CA and a server certificate for `echo.example.com`, made once per test binary.
+fn tls_files() -> &'static mesh_testutil::TlsFiles {
+    static FILES: std::sync::OnceLock<(tempfile::TempDir, mesh_testutil::TlsFiles)> =
+        std::sync::OnceLock::new();
+    let (_, files) = FILES.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tls dir");
+        let files = mesh_testutil::TlsFiles::generate(dir.path(), "gateway-ca", "echo.example.com");
+        (dir, files)
+    });
+    files
+}
+
+/// The TLS context of a listener's first filter chain.
+fn tls_context(
+    l: &Listener,
+) -> mesh_proto::envoy::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext {
+    use mesh_proto::envoy::pb::envoy::config::core::v3::transport_socket::ConfigType;
+    let socket = l.filter_chains[0].transport_socket.clone().expect("tls");
+    let Some(ConfigType::TypedConfig(any)) = socket.config_type else {
+        panic!("typed config");
+    };
+    Message::decode(any.value.as_slice()).expect("context")
 }
 
 fn gateway() -> ProxyResources {
@@ -72,7 +106,13 @@ fn servers_become_listeners_and_bound_virtual_services_their_hosts() {
     listeners.sort();
     assert_eq!(
         listeners,
-        ["0.0.0.0_8080", "0.0.0.0_81", "0.0.0.0_82", names::CONNECT_ORIGINATE],
+        [
+            "0.0.0.0_443",
+            "0.0.0.0_8080",
+            "0.0.0.0_81",
+            "0.0.0.0_82",
+            names::CONNECT_ORIGINATE
+        ],
         "a listener per port of an HTTP server (80 at its target port), the HBONE one, none of a sidecar's"
     );
     let routes: Vec<RouteConfiguration> = decode(&res, type_url::ROUTE);
@@ -123,15 +163,81 @@ fn servers_become_listeners_and_bound_virtual_services_their_hosts() {
     assert!(
         res.by_type[type_url::ENDPOINT].contains_key("outbound|80||echo.shop.svc.cluster.local")
     );
+    // HTTPS on 443: TLS with the credential by SDS over ADS, its own routes.
+    let https = Listener::decode(
+        res.by_type[type_url::LISTENER]["0.0.0.0_443"]
+            .body
+            .value
+            .as_slice(),
+    )
+    .expect("listener");
+    assert_eq!(
+        https.listener_filters[0].name,
+        "envoy.filters.listener.tls_inspector"
+    );
+    assert_eq!(https.filter_chains.len(), 1);
+    let ctx = tls_context(&https);
+    let common = ctx.common_tls_context.expect("common");
+    assert_eq!(
+        common.tls_certificate_sds_secret_configs[0].name,
+        "kubernetes://cert"
+    );
+    assert!(common.validation_context_type.is_none() && ctx.require_client_certificate.is_none());
+    assert_eq!(
+        rc("https.443.https.ingress.istio-system").virtual_hosts[0].name,
+        "echo.example.com:443"
+    );
+    let secrets = &res.by_type[type_url::SECRET];
+    assert!(secrets.contains_key("kubernetes://cert"));
+    assert!(
+        !secrets.contains_key("kubernetes://cert-cacert"),
+        "SIMPLE needs no CA"
+    );
     let errors: Vec<String> = res.errors.iter().map(ToString::to_string).collect();
     for needle in [
-        "Gateway istio-system/ingress: spec.servers[2].port.protocol: \"HTTPS\" servers are not supported",
         "Gateway istio-system/ingress: spec.servers[3].port.protocol: \"TCP\" servers are not supported",
         "VirtualService shop/echo-dup: spec.hosts: host echo.example.com on gateway port 80 is already routed by VirtualService shop/echo-gw",
     ] {
         assert!(errors.iter().any(|e| e.starts_with(needle)), "{needle}\n{errors:#?}");
     }
     assert_eq!(errors.len(), 4, "{errors:#?}");
+}
+
+#[test]
+fn mutual_tls_needs_the_credentials_ca_and_a_missing_credential_leaves_the_server_out() {
+    let mut inputs = gateway_inputs();
+    let tls = inputs.servers[2].server.tls.as_mut().expect("tls");
+    tls.mode = Some("MUTUAL".into());
+    let outbound = generate_outbound(&inputs.outbound, 1);
+    let res = generate_gateway(&outbound, &inputs, 2);
+    let secrets = &res.by_type[type_url::SECRET];
+    assert!(secrets.contains_key("kubernetes://cert-cacert"));
+    let https = Listener::decode(
+        res.by_type[type_url::LISTENER]["0.0.0.0_443"]
+            .body
+            .value
+            .as_slice(),
+    )
+    .expect("listener");
+    let ctx = tls_context(&https);
+    assert_eq!(ctx.require_client_certificate.map(|b| b.value), Some(true));
+    assert!(ctx
+        .common_tls_context
+        .expect("common")
+        .validation_context_type
+        .is_some());
+    // Without the Secret: reported, and no listener rather than one Envoy would keep warming.
+    inputs.credentials.clear();
+    let res = generate_gateway(&outbound, &inputs, 3);
+    assert!(!res.by_type[type_url::LISTENER].contains_key("0.0.0.0_443"));
+    let errors: Vec<String> = res.errors.iter().map(ToString::to_string).collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("spec.servers[2].tls.credentialName")
+                && e.contains("no Secret cert")),
+        "{errors:#?}"
+    );
 }
 
 #[test]
