@@ -226,6 +226,7 @@ impl<S: XdsSnapshot> XdsServer<S> {
     pub(crate) fn open(
         &self,
         peer: Option<std::net::SocketAddr>,
+        caller: Option<crate::auth::Caller>,
     ) -> (
         Connection<S>,
         mpsc::Receiver<Result<DeltaDiscoveryResponse, Status>>,
@@ -254,6 +255,7 @@ impl<S: XdsSnapshot> XdsServer<S> {
             push_bytes: self.push_bytes.clone(),
             inflight: Vec::new(),
             scope: String::new(),
+            caller,
         };
         (conn, rx)
     }
@@ -274,7 +276,8 @@ impl<S: XdsSnapshot> AggregatedDiscoveryService for XdsServer<S> {
     ) -> Result<Response<SotwResponseStream>, Status> {
         use futures::StreamExt;
         self.check_ready()?;
-        let (conn, rx) = self.open(request.remote_addr());
+        let caller = request.extensions().get::<crate::auth::Caller>().cloned();
+        let (conn, rx) = self.open(request.remote_addr(), caller);
         let mut requests = sotw::RequestTranslator::default();
         let inbound = request
             .into_inner()
@@ -290,7 +293,8 @@ impl<S: XdsSnapshot> AggregatedDiscoveryService for XdsServer<S> {
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<DeltaResponseStream>, Status> {
         self.check_ready()?;
-        let (conn, rx) = self.open(request.remote_addr());
+        let caller = request.extensions().get::<crate::auth::Caller>().cloned();
+        let (conn, rx) = self.open(request.remote_addr(), caller);
         let responses: DeltaResponseStream = Box::pin(ReceiverStream::new(rx));
         tokio::spawn(conn.run(request.into_inner()));
         Ok(Response::new(responses))

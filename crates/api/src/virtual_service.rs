@@ -59,6 +59,12 @@ pub struct VsHttpMatch {
     pub query_params: BTreeMap<String, StringMatch>,
     #[serde(default)]
     pub ignore_uri_case: bool,
+    /// The port the request came in on (a service's, or a gateway server's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+    /// The gateways (or `mesh`) this match applies on; empty: all the VirtualService's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gateways: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

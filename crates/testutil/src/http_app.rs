@@ -247,6 +247,25 @@ pub fn http_request(
 ) -> Option<HttpResponse> {
     let start = Instant::now();
     let stream = netns.tcp_connect(addr, timeout).ok()?;
+    on_own_runtime(stream, start, timeout, |stream| async move {
+        exchange(stream, addr, method, path, headers, start)
+            .await
+            .ok()
+    })
+}
+
+/// Runs `exchange` on the connected `stream` on a thread of its own (a current-thread
+/// runtime), within what is left of `timeout` since `start`.
+fn on_own_runtime<F, Fut>(
+    stream: std::net::TcpStream,
+    start: Instant,
+    timeout: Duration,
+    exchange: F,
+) -> Option<HttpResponse>
+where
+    F: FnOnce(tokio::net::TcpStream) -> Fut + Send,
+    Fut: std::future::Future<Output = Option<HttpResponse>>,
+{
     stream.set_nonblocking(true).ok()?;
     let left = timeout.checked_sub(start.elapsed())?;
     std::thread::scope(|scope| {
@@ -258,8 +277,7 @@ pub fn http_request(
                     .ok()?;
                 rt.block_on(async {
                     let stream = tokio::net::TcpStream::from_std(stream).ok()?;
-                    let exchange = exchange(stream, addr, method, path, headers, start);
-                    tokio::time::timeout(left, exchange).await.ok()?.ok()
+                    tokio::time::timeout(left, exchange(stream)).await.ok()?
                 })
             })
             .join()
@@ -280,31 +298,13 @@ pub fn https_request(
 ) -> Option<HttpResponse> {
     let start = Instant::now();
     let stream = netns.tcp_connect(addr, timeout).ok()?;
-    stream.set_nonblocking(true).ok()?;
-    let left = timeout.checked_sub(start.elapsed())?;
     let name = rustls_pki_types::ServerName::try_from(sni.to_string()).ok()?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .ok()?;
-                rt.block_on(async {
-                    let stream = tokio::net::TcpStream::from_std(stream).ok()?;
-                    let exchange = async {
-                        let tls = tokio_rustls::TlsConnector::from(tls)
-                            .connect(name, stream)
-                            .await
-                            .ok()?;
-                        exchange(tls, addr, "GET", "/", headers, start).await.ok()
-                    };
-                    tokio::time::timeout(left, exchange).await.ok()?
-                })
-            })
-            .join()
-            .ok()
-            .flatten()
+    on_own_runtime(stream, start, timeout, |stream| async move {
+        let tls = tokio_rustls::TlsConnector::from(tls)
+            .connect(name, stream)
+            .await
+            .ok()?;
+        exchange(tls, addr, "GET", "/", headers, start).await.ok()
     })
 }
 

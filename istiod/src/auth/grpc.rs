@@ -57,7 +57,13 @@ where
         Box::pin(async move {
             let md = MetadataMap::from_headers(req.headers().clone());
             match authenticator.authenticate(&md).await {
-                Ok(_) => inner.call(req).await,
+                Ok(caller) => {
+                    // The service sees who called (xDS serves gateway credentials only to
+                    // their own namespace's workloads).
+                    let mut req = req;
+                    req.extensions_mut().insert(caller);
+                    inner.call(req).await
+                }
                 Err(e) => {
                     tracing::warn!(path = %req.uri().path(), reason = e.reason(), error = %e, "gRPC caller refused");
                     Ok(tonic::Status::unauthenticated(e.caller_message()).into_http())

@@ -174,8 +174,13 @@ impl ServiceRoutes {
                 svc.virtual_services.iter().map(|v| &**v).collect();
             let mut routes = if attached.is_empty() && !virtual_services.is_empty() {
                 // HTTPRoutes win; without them the VirtualServices for this host apply.
-                let mut routes =
-                    super::virtual_service::routes(inputs, port.port, &virtual_services, errors);
+                let mut routes = super::virtual_service::routes(
+                    inputs,
+                    port.port,
+                    None,
+                    &virtual_services,
+                    errors,
+                );
                 if routes.is_empty() {
                     routes.push(default_route(&cluster));
                 }

@@ -66,18 +66,41 @@ pub fn resolve_host<'a>(host: &'a str, vs_ns: &'a str) -> (&'a str, &'a str) {
     (parts.next().unwrap_or(vs_ns), name)
 }
 
+/// A VirtualService's name for a Gateway as `namespace/name`: `namespace/name`, `./name` or a
+/// bare `name` (both in the VirtualService's namespace `vs_ns`), or the older
+/// `name.namespace...`; `mesh` stays `mesh`.
+pub fn gateway_name(g: &str, vs_ns: &str) -> String {
+    match g.split_once('/') {
+        Some((".", name)) => format!("{vs_ns}/{name}"),
+        Some(_) => g.to_string(),
+        None if g == "mesh" => g.to_string(),
+        None => match g.split_once('.') {
+            Some((name, rest)) => {
+                let ns = rest.split('.').next().unwrap_or(vs_ns);
+                format!("{ns}/{name}")
+            }
+            None => format!("{vs_ns}/{g}"),
+        },
+    }
+}
+
 struct Conv<'a> {
     inputs: &'a WaypointInputs,
     port: u16,
+    /// The Gateway (`namespace/name`) the routes are for; `None`: the mesh (sidecars and
+    /// waypoints).
+    gateway: Option<&'a str>,
     vs: String,
     ns: String,
     errors: &'a mut Vec<RouteError>,
 }
 
-/// The Envoy routes of the VirtualServices `vss` (in order) for one service port.
+/// The Envoy routes of the VirtualServices `vss` (in order) for one service port (or gateway
+/// server port), in the mesh or on `gateway` (`namespace/name`), which matches may name.
 pub fn routes(
     inputs: &WaypointInputs,
     port: u16,
+    gateway: Option<&str>,
     vss: &[&VirtualService],
     errors: &mut Vec<RouteError>,
 ) -> Vec<Route> {
@@ -86,6 +109,7 @@ pub fn routes(
         let mut c = Conv {
             inputs,
             port,
+            gateway,
             vs: object_name(&vs.metadata),
             ns: vs
                 .metadata
@@ -413,6 +437,17 @@ impl Conv<'_> {
     }
 
     fn route_match(&mut self, field: &str, m: &VsHttpMatch) -> Option<RouteMatch> {
+        // A match for another port, or (by `gateways`) for other gateways or the mesh, does
+        // not apply here.
+        if m.port.is_some_and(|p| p != u32::from(self.port)) {
+            return None;
+        }
+        if !m.gateways.is_empty() {
+            let here = self.gateway.unwrap_or("mesh");
+            if !(m.gateways.iter()).any(|g| gateway_name(g, &self.ns) == here) {
+                return None;
+            }
+        }
         let mut out = RouteMatch {
             case_sensitive: m.ignore_uri_case.then(|| super::any::bool_value(false)),
             ..RouteMatch::default()

@@ -227,9 +227,13 @@ impl Model {
     }
 
     fn mark(&mut self, key: &ObjectKey, old: Option<&Object>) {
+        self.routers.touch();
+        if key.kind == Kind::Secret {
+            // Only gateway proxies read Secrets (their credentials).
+            return;
+        }
         self.waypoints.on_object(key, old, self.state.get(key));
         self.sidecars.on_object(key, self.state.get(key));
-        self.routers.touch();
         self.statuses_stale |= status::depends_on(key.kind);
         let mut dirty = vec![key.clone()];
         deps::affected(self, key, old, &mut dirty);

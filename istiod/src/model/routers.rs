@@ -4,10 +4,10 @@
 //! Gateway's `selector` labels are among the pod's, in any namespace (Istio's default, with
 //! `PILOT_SCOPE_GATEWAY_TO_NAMESPACE` off). A Gateway without a selector applies to every pod
 //! injected with the `gateway` template. A server's port becomes the `targetPort` of the port
-//! with that number of a Service selecting the pod (the gateway chart's Service maps 80 to
-//! 8080 where the proxy may not bind low ports), else stays as it is. Regenerated on any
-//! change while Gateways or gateway proxies exist; a proxy whose resources come out the same
-//! keeps its previous value, so it gets no push.
+//! with that number of a Service selecting the pod (a Service may map 80 to 8080 where the
+//! proxy may not bind low ports), else stays as it is. Regenerated on any change while
+//! Gateways or gateway proxies exist; a proxy whose resources come out the same keeps its
+//! previous value, so it gets no push.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -65,12 +65,23 @@ impl RouterIndex {
             return;
         }
         let selected = selected_pods(state, &gateways);
+        // Pods no Gateway selects any more: while the pod exists its proxy may still be
+        // connected and must see everything go (an empty configuration of this version).
         let gone: Vec<SidecarKey> = (self.views.keys())
             .filter(|k| !selected.contains_key(*k))
             .cloned()
             .collect();
         for k in gone {
-            self.views.remove(&k);
+            let pod = ObjectKey::new(Kind::Pod, &k.namespace, &k.name);
+            let emptied =
+                (self.views.get(&k)).is_some_and(|v| v.by_type.values().all(|m| m.is_empty()));
+            if state.get(&pod).is_none() {
+                self.views.remove(&k);
+            } else if !emptied {
+                let mut empty = crate::envoy::sidecar::empty();
+                empty.changed_in = version;
+                self.views.insert(k, Arc::new(empty));
+            }
         }
         let bound: Vec<Arc<VirtualService>> = gateway_virtual_services(state);
         // The outbound side (clusters, endpoints) by the proxies' namespace.
@@ -203,15 +214,19 @@ fn servers(state: &State, pod: &Pod, gateways: &[NamedGateway<'_>]) -> Vec<Bound
     let mut out = Vec::new();
     for (name, gw) in gateways {
         for (index, server) in gw.spec.servers.iter().enumerate() {
+            // Port 0 (or none) and numbers past 65535 cannot be listened on; the generator
+            // reports them (listen port 0).
             let number = server.port.as_ref().map_or(0, |p| p.number);
-            let Ok(number) = u16::try_from(number) else {
-                continue;
-            };
+            let number = u16::try_from(number).unwrap_or(0);
             out.push(BoundServer {
                 gateway: name.clone(),
                 index,
                 server: server.clone(),
-                listen_port: target_port(&services, pod, number),
+                listen_port: if number == 0 {
+                    0
+                } else {
+                    target_port(&services, pod, number)
+                },
             });
         }
     }

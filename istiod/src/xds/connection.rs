@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tonic::Status;
 
 use super::metrics::XdsMetrics;
-use super::node::NodeId;
+use super::node::{NodeId, ProxyKind};
 use super::registry::{ConnectionEntry, NodeInfo, RegistryGuard};
 use super::{PushBytes, XdsError};
 
@@ -53,6 +53,18 @@ pub(crate) struct Connection<S: XdsSnapshot> {
     pub inflight: Vec<InFlight>,
     /// What part of each snapshot this proxy is served (empty: everything), from its node.
     pub scope: String,
+    /// Who opened the stream, when the port authenticates callers (15012).
+    pub caller: Option<crate::auth::Caller>,
+}
+
+/// The scope of gateway proxies that may not be served their configuration: nothing.
+const REFUSED_ROUTER_SCOPE: &str = "router:refused";
+
+/// Whether a gateway proxy (`node`) may be served its configuration, which holds its TLS
+/// private keys: only over an authenticated stream whose caller is a workload of the
+/// proxy's namespace.
+pub(crate) fn router_allowed(caller: Option<&crate::auth::Caller>, node: &NodeId) -> bool {
+    caller.is_some_and(|c| c.identity.namespace() == node.namespace)
 }
 
 impl<S: XdsSnapshot> Connection<S> {
@@ -194,6 +206,13 @@ impl<S: XdsSnapshot> Connection<S> {
         };
         let version = istio_version(&node).unwrap_or_else(|| "unknown".to_string());
         self.scope = self.current.scope_of(&node);
+        if let Some(n) = parsed.as_ref().filter(|n| n.kind == ProxyKind::Router) {
+            if !router_allowed(self.caller.as_ref(), n) {
+                let caller = self.caller.as_ref().map(|c| c.identity.to_string());
+                tracing::warn!(conn = %self.entry.id, node = %node.id, ?caller, "gateway proxy not authenticated as a workload of its namespace {}; it is served nothing (its configuration holds TLS keys)", n.namespace);
+                self.scope = REFUSED_ROUTER_SCOPE.to_string();
+            }
+        }
         tracing::info!(conn = %self.entry.id, node = %node.id, peer = ?self.entry.peer, version = %version, scope = %self.scope, "xDS stream connected");
         self.guard.count_in(self.metrics.connected(&version));
         *self.entry.node() = Some(NodeInfo {
@@ -298,3 +317,6 @@ fn istio_version(node: &mesh_proto::envoy::pb::envoy::config::core::v3::Node) ->
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests;

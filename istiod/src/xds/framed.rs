@@ -106,13 +106,15 @@ fn serve_delta<S: XdsSnapshot>(
     let mut codec =
         tonic_prost::ProstCodec::<DeltaDiscoveryResponse, DeltaDiscoveryRequest>::default();
     let peer = peer_addr(&req);
+    // Who called, when the port authenticates callers (`RequireAuth` put it there).
+    let caller = req.extensions().get::<crate::auth::Caller>().cloned();
     let inbound = Streaming::new_request(
         codec.decoder(),
         req.into_body(),
         None,
         Some(MAX_RECV_MESSAGE_SIZE),
     );
-    let (conn, rx) = server.open(peer);
+    let (conn, rx) = server.open(peer, caller);
     tokio::spawn(conn.run(inbound));
     let mut resp = http::Response::new(tonic::body::Body::new(FramedBody { rx, done: false }));
     resp.headers_mut().insert(

@@ -6,7 +6,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use mesh_api::{GatewayServer, VirtualService};
 use mesh_proto::envoy::pb::envoy::config::listener::v3::{
@@ -15,19 +14,18 @@ use mesh_proto::envoy::pb::envoy::config::listener::v3::{
 use mesh_proto::envoy::pb::envoy::config::route::v3::{
     virtual_host::TlsRequirementType, RouteConfiguration, VirtualHost,
 };
-use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager::{CodecType, RouteSpecifier},
-    HttpConnectionManager, Rds,
-};
+use mesh_proto::envoy::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use mesh_proto::type_url;
 use serde::Serialize;
 
-use super::super::any::{ads_source, bool_value, duration, object_name, pack};
+use super::super::any::{bool_value, object_name, pack};
 use super::super::inputs::WaypointInputs;
-use super::super::listeners::{fault_filter, network_filter, router, socket_address};
+use super::super::listeners::{network_filter, socket_address};
 use super::super::routes::RouteError;
-use super::super::{names, telemetry, tls, virtual_service};
+use super::super::{names, tls, virtual_service};
 use super::inbound::tls_inspector;
+use super::outbound::outbound_hcm;
+use super::scope::host_matches;
 use super::{Builder, SidecarError};
 
 /// One server of a Gateway that selects the proxy, with the port the proxy listens on for it.
@@ -98,6 +96,8 @@ pub(super) fn generate(inputs: &GatewayInputs, out: &mut Builder, errors: &mut V
             .push((s, termination));
     }
     let log = &inputs.outbound.access_log_file;
+    // The TLS servers' route names (by server port and port name), unique per Gateway.
+    let mut route_names: BTreeSet<String> = BTreeSet::new();
     for (port, servers) in by_port {
         let plain: Vec<&BoundServer> = (servers.iter())
             .filter(|(_, t)| matches!(t, Termination::Plain))
@@ -125,14 +125,21 @@ pub(super) fn generate(inputs: &GatewayInputs, out: &mut Builder, errors: &mut V
         }
         // TLS servers: a filter chain each, chosen by SNI among the server's hosts.
         let mut chains = Vec::new();
-        let mut seen: BTreeSet<Vec<String>> = BTreeSet::new();
+        // SNI names (empty: any) taken by a chain of this port.
+        let mut taken: BTreeSet<String> = BTreeSet::new();
+        let mut any_name = false;
         for (s, t) in &servers {
             let Termination::Tls { credential, mutual } = t else {
                 continue;
             };
             let names = sni_names(s);
-            if !seen.insert(names.clone()) {
-                server_problem(errors, s, ".hosts", format!("another TLS server on port {port} already takes these hosts; the server is ignored"));
+            let overlaps = if names.is_empty() {
+                any_name
+            } else {
+                names.iter().any(|n| taken.contains(n))
+            };
+            if overlaps {
+                server_problem(errors, s, ".hosts", format!("another TLS server on port {port} already takes one of these hosts; the server is ignored"));
                 continue;
             }
             let (name, gw_ns) = s
@@ -141,12 +148,17 @@ pub(super) fn generate(inputs: &GatewayInputs, out: &mut Builder, errors: &mut V
                 .map_or(("", ""), |(ns, n)| (n, ns));
             let port_name = s.server.port.as_ref().map_or("", |p| p.name.as_str());
             let server_port = s.server.port.as_ref().map_or(0, |p| p.number);
+            let route_name = format!("https.{server_port}.{port_name}.{name}.{gw_ns}");
+            if !route_names.insert(route_name.clone()) {
+                server_problem(errors, s, ".port.name", format!("{port_name:?} names another server of this Gateway on port {server_port} too (port names must be unique); the server is ignored"));
+                continue;
+            }
+            if names.is_empty() {
+                any_name = true;
+            }
+            taken.extend(names.iter().cloned());
             let hosts = virtual_hosts(inputs, &[s], errors);
-            let rc = route_config(
-                format!("https.{server_port}.{port_name}.{name}.{gw_ns}"),
-                hosts,
-                out,
-            );
+            let rc = route_config(route_name, hosts, out);
             if let Some(Ok(c)) = inputs.credentials.get(*credential) {
                 let ca = if *mutual { c.ca.as_deref() } else { None };
                 for secret in tls::credential_secrets(credential, &c.cert_chain, &c.key, ca) {
@@ -183,10 +195,32 @@ fn termination<'a>(
     s: &'a BoundServer,
     errors: &mut Vec<RouteError>,
 ) -> Option<Termination<'a>> {
+    if s.listen_port == 0 {
+        server_problem(
+            errors,
+            s,
+            ".port.number",
+            "must be a port number from 1 to 65535; the server is ignored".into(),
+        );
+        return None;
+    }
     let protocol = (s.server.port.as_ref())
         .map(|p| p.protocol.to_ascii_uppercase())
         .unwrap_or_default();
     let tls = s.server.tls.as_ref();
+    if let Some(t) = tls {
+        let unapplied = [
+            ("minProtocolVersion", t.min_protocol_version.is_some()),
+            ("maxProtocolVersion", t.max_protocol_version.is_some()),
+            ("cipherSuites", !t.cipher_suites.is_empty()),
+            ("subjectAltNames", !t.subject_alt_names.is_empty()),
+        ];
+        for (field, set) in unapplied {
+            if set {
+                server_problem(errors, s, &format!(".tls.{field}"), "is not applied by this gateway (Envoy's defaults hold; MUTUAL accepts any client certificate of the CA)".into());
+            }
+        }
+    }
     let mode = tls
         .and_then(|t| t.mode.as_deref())
         .map(str::to_ascii_uppercase);
@@ -289,11 +323,12 @@ fn virtual_hosts(
     errors: &mut Vec<RouteError>,
 ) -> Vec<VirtualHost> {
     let mut out: Vec<VirtualHost> = Vec::new();
-    // Host -> the VirtualService that routes it.
-    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    // Host -> (index in `out`, the VirtualServices merged into it).
+    let mut seen: BTreeMap<String, (usize, Vec<String>)> = BTreeMap::new();
     for s in servers {
         let server_port = s.server.port.as_ref().map_or(0, |p| p.number);
         let redirect = s.server.tls.as_ref().is_some_and(|t| t.https_redirect);
+        let gateway = Some(s.gateway.as_str());
         for vs in &inputs.virtual_services {
             let vs_ns = vs.metadata.namespace.as_deref().unwrap_or("default");
             if !binds(vs, vs_ns, &s.gateway) {
@@ -312,36 +347,41 @@ fn virtual_hosts(
                 };
                 let host = host.to_ascii_lowercase();
                 let vs_name = object_name(&vs.metadata);
-                match seen.get(&host) {
-                    Some(first) if *first == vs_name => continue,
-                    Some(first) => {
-                        errors.push(RouteError::VirtualService {
-                            name: vs_name,
-                            field: "spec.hosts".into(),
-                            problem: format!("host {host} on gateway port {server_port} is already routed by VirtualService {first}; these routes are left out"),
-                        });
-                        continue;
+                let converted = routes
+                    .get_or_insert_with(|| {
+                        virtual_service::routes(&inputs.outbound, port, gateway, &[&**vs], errors)
+                    })
+                    .clone();
+                match seen.get_mut(&host) {
+                    // Several VirtualServices for one host: their routes merge, oldest first,
+                    // as Istio merges them on gateways.
+                    Some((at, from)) => {
+                        if !from.contains(&vs_name) {
+                            from.push(vs_name);
+                            out[*at].routes.extend(converted);
+                        }
                     }
                     None => {
-                        seen.insert(host.clone(), vs_name);
+                        seen.insert(host.clone(), (out.len(), vec![vs_name]));
+                        out.push(VirtualHost {
+                            name: format!("{host}:{server_port}"),
+                            domains: vec![host],
+                            routes: converted,
+                            require_tls: if redirect {
+                                TlsRequirementType::All as i32
+                            } else {
+                                TlsRequirementType::None as i32
+                            },
+                            ..VirtualHost::default()
+                        });
                     }
                 }
-                out.push(VirtualHost {
-                    name: format!("{host}:{server_port}"),
-                    domains: vec![host],
-                    routes: (routes.get_or_insert_with(|| {
-                        virtual_service::routes(&inputs.outbound, port, &[&**vs], errors)
-                    }))
-                    .clone(),
-                    require_tls: if redirect {
-                        TlsRequirementType::All as i32
-                    } else {
-                        TlsRequirementType::None as i32
-                    },
-                    ..VirtualHost::default()
-                });
             }
         }
+    }
+    // Merged routes: those that match everything go last, so none hides the others.
+    for vh in &mut out {
+        vh.routes.sort_by_key(catches_all);
     }
     if out.is_empty() {
         let port = servers.first().map_or(0, |s| s.listen_port);
@@ -354,24 +394,20 @@ fn virtual_hosts(
     out
 }
 
-/// Whether `vs` (in `vs_ns`) names the Gateway `namespace/name` in its `gateways`: as
-/// `namespace/name`, `./name` or a bare `name` (both relative to the VirtualService), or the
-/// older `name.namespace...` form.
-pub fn binds(vs: &VirtualService, vs_ns: &str, gateway: &str) -> bool {
-    vs.spec.gateways.iter().any(|g| {
-        let resolved = match g.split_once('/') {
-            Some((".", name)) => format!("{vs_ns}/{name}"),
-            Some(_) => g.clone(),
-            None => match g.split_once('.') {
-                Some((name, rest)) => {
-                    let ns = rest.split('.').next().unwrap_or(vs_ns);
-                    format!("{ns}/{name}")
-                }
-                None => format!("{vs_ns}/{g}"),
-            },
-        };
-        resolved == gateway
+/// Whether a route matches every request (prefix `/`, nothing else), as Istio moves such routes
+/// behind the others when it merges VirtualServices.
+fn catches_all(r: &mesh_proto::envoy::pb::envoy::config::route::v3::Route) -> bool {
+    use mesh_proto::envoy::pb::envoy::config::route::v3::route_match::PathSpecifier;
+    r.r#match.as_ref().is_some_and(|m| {
+        matches!(&m.path_specifier, Some(PathSpecifier::Prefix(p)) if p == "/")
+            && m.headers.is_empty()
+            && m.query_parameters.is_empty()
     })
+}
+
+/// Whether `vs` (in `vs_ns`) names the Gateway `namespace/name` in its `gateways`.
+pub fn binds(vs: &VirtualService, vs_ns: &str, gateway: &str) -> bool {
+    (vs.spec.gateways.iter()).any(|g| virtual_service::gateway_name(g, vs_ns) == gateway)
 }
 
 /// A server host as a VirtualService in `vs_ns` may use it: `ns/host` only for VirtualServices
@@ -398,47 +434,21 @@ fn qualify(host: &str, vs_ns: &str, suffix: &str) -> String {
 /// The more specific of two host patterns when one covers the other (`*`, `*.suffix` or a
 /// name), as Istio intersects server and VirtualService hosts.
 fn intersect<'a>(a: &'a str, b: &'a str) -> Option<&'a str> {
-    if covers(a, b) {
+    if host_matches(a, b) {
         Some(b)
-    } else if covers(b, a) {
+    } else if host_matches(b, a) {
         Some(a)
     } else {
         None
     }
 }
 
-/// Whether pattern `p` covers every name `h` matches.
-fn covers(p: &str, h: &str) -> bool {
-    if p == "*" || p.eq_ignore_ascii_case(h) {
-        return true;
-    }
-    match p.strip_prefix('*') {
-        Some(suffix) => {
-            h.len() > suffix.len()
-                && h.get(h.len() - suffix.len()..)
-                    .is_some_and(|s| s.eq_ignore_ascii_case(suffix))
-        }
-        None => false,
-    }
-}
-
-/// The HTTP connection manager of a listener on `port`, with the routes of `rc` by RDS.
+/// The HTTP connection manager of a listener on `port`, with the routes of `rc` by RDS; the
+/// client's address is the connection's (a gateway is the edge).
 fn http_filter(port: u16, rc: &RouteConfiguration, access_log_file: &str) -> Filter {
-    let mut http_filters: Vec<_> = fault_filter(&rc.virtual_hosts).into_iter().collect();
-    http_filters.push(router());
     let hcm = HttpConnectionManager {
-        stat_prefix: format!("outbound_0.0.0.0_{port}"),
-        codec_type: CodecType::Auto as i32,
-        route_specifier: Some(RouteSpecifier::Rds(Rds {
-            config_source: Some(ads_source()),
-            route_config_name: rc.name.clone(),
-        })),
-        http_filters,
-        normalize_path: Some(bool_value(true)),
         use_remote_address: Some(bool_value(true)),
-        stream_idle_timeout: Some(duration(Duration::ZERO)),
-        access_log: telemetry::sidecar_access_logs(access_log_file, "source", "unknown", None),
-        ..HttpConnectionManager::default()
+        ..outbound_hcm(port, &rc.name, &rc.virtual_hosts, access_log_file)
     };
     network_filter("envoy.filters.network.http_connection_manager", pack(&hcm))
 }

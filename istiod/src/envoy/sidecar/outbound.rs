@@ -204,16 +204,22 @@ fn domains(inputs: &WaypointInputs, svc: &BoundService, port: u16) -> Vec<String
         .collect()
 }
 
-/// `0.0.0.0_<port>`: reached from `virtualOutbound` (not bound itself), HTTP with routes `<port>`.
-fn http_listener(port: u16, hosts: &[VirtualHost], access_log_file: &str) -> Listener {
+/// The HTTP connection manager of outbound HTTP on `port` (a sidecar's or a gateway's): routes
+/// `route_name` by RDS (`hosts`, for the fault filter), requests logged as the source.
+pub(super) fn outbound_hcm(
+    port: u16,
+    route_name: &str,
+    hosts: &[VirtualHost],
+    access_log_file: &str,
+) -> HttpConnectionManager {
     let mut http_filters: Vec<_> = fault_filter(hosts).into_iter().collect();
     http_filters.push(router());
-    let hcm = HttpConnectionManager {
+    HttpConnectionManager {
         stat_prefix: format!("outbound_0.0.0.0_{port}"),
         codec_type: CodecType::Auto as i32,
         route_specifier: Some(RouteSpecifier::Rds(Rds {
             config_source: Some(ads_source()),
-            route_config_name: port.to_string(),
+            route_config_name: route_name.to_string(),
         })),
         http_filters,
         normalize_path: Some(bool_value(true)),
@@ -225,7 +231,12 @@ fn http_listener(port: u16, hosts: &[VirtualHost], access_log_file: &str) -> Lis
             None,
         ),
         ..HttpConnectionManager::default()
-    };
+    }
+}
+
+/// `0.0.0.0_<port>`: reached from `virtualOutbound` (not bound itself), HTTP with routes `<port>`.
+fn http_listener(port: u16, hosts: &[VirtualHost], access_log_file: &str) -> Listener {
+    let hcm = outbound_hcm(port, &port.to_string(), hosts, access_log_file);
     Listener {
         name: format!("0.0.0.0_{port}"),
         address: Some(socket_address("0.0.0.0", port)),

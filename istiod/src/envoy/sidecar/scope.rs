@@ -233,7 +233,7 @@ impl Import {
 }
 
 /// `pattern` (`*`, `*.suffix` or a name) against a service hostname (itself maybe `*.x`).
-fn host_matches(pattern: &str, hostname: &str) -> bool {
+pub(super) fn host_matches(pattern: &str, hostname: &str) -> bool {
     if pattern == "*" || pattern.eq_ignore_ascii_case(hostname) {
         return true;
     }

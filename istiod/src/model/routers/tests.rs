@@ -93,13 +93,18 @@ fn a_selected_pod_gets_its_gateways_servers_and_bound_routes() {
     let before = s.router(&key()).changed_in;
     m.apply(namespace("unrelated", json!({})));
     assert_eq!(m.build().router(&key()).changed_in, before);
-    // The Gateway gone: the pod is no gateway proxy any more.
+    // The Gateway gone: the proxy is pushed an empty configuration while its pod lives.
     m.delete(&ObjectKey::new(
         Kind::IstioGateway,
         "istio-system",
         "ingress",
     ));
-    assert_eq!(m.build().routers().count(), 0);
+    let s = m.build();
+    let view = s.router(&key());
+    assert!(view.changed_in > before, "pushed");
+    assert!(view.by_type.values().all(|r| r.is_empty()), "nothing left");
+    m.delete(&ObjectKey::new(Kind::Pod, "istio-system", "ingress-1"));
+    assert_eq!(m.build().routers().count(), 0, "the pod gone: forgotten");
 }
 
 #[test]
