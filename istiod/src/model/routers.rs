@@ -18,6 +18,7 @@ use mesh_api::{
 };
 use mesh_xds::ResourceMap;
 
+use super::sidecars::retire_views;
 use super::state::{meta_labels, State};
 use super::waypoints::WaypointIndex;
 use super::ModelConfig;
@@ -34,7 +35,7 @@ pub(crate) fn gateway_template(annotations: &BTreeMap<String, String>) -> bool {
 }
 
 /// Gateway proxy configuration by pod, shared by every snapshot until it changes.
-pub(crate) type RouterViews = imbl::OrdMap<SidecarKey, Arc<ProxyResources>>;
+pub(crate) type RouterViews = super::sidecars::SidecarViews;
 
 #[derive(Debug, Default)]
 pub(crate) struct RouterIndex {
@@ -65,24 +66,13 @@ impl RouterIndex {
             return;
         }
         let selected = selected_pods(state, &gateways);
-        // Pods no Gateway selects any more: while the pod exists its proxy may still be
-        // connected and must see everything go (an empty configuration of this version).
-        let gone: Vec<SidecarKey> = (self.views.keys())
-            .filter(|k| !selected.contains_key(*k))
-            .cloned()
-            .collect();
-        for k in gone {
-            let pod = ObjectKey::new(Kind::Pod, &k.namespace, &k.name);
-            let emptied =
-                (self.views.get(&k)).is_some_and(|v| v.by_type.values().all(|m| m.is_empty()));
-            if state.get(&pod).is_none() {
-                self.views.remove(&k);
-            } else if !emptied {
-                let mut empty = crate::envoy::sidecar::empty();
-                empty.changed_in = version;
-                self.views.insert(k, Arc::new(empty));
-            }
-        }
+        // Pods no Gateway selects any more: an empty configuration while the pod lives.
+        retire_views(
+            &mut self.views,
+            |k| selected.contains_key(k),
+            state,
+            version,
+        );
         let bound: Vec<Arc<VirtualService>> = gateway_virtual_services(state);
         // The outbound side (clusters, endpoints) by the proxies' namespace.
         let mut outbound: HashMap<String, (WaypointInputs, ProxyResources)> = HashMap::new();

@@ -139,13 +139,8 @@ impl SidecarIndex {
             outbound.insert(okey.clone(), kept);
         }
         self.outbound = outbound;
-        let gone: Vec<SidecarKey> = (self.views.keys())
-            .filter(|k| !self.pods.contains(*k))
-            .cloned()
-            .collect();
-        for k in gone {
-            self.views.remove(&k);
-        }
+        let pods_now = &self.pods;
+        retire_views(&mut self.views, |k| pods_now.contains(k), state, version);
         for (key, okey, labels) in pods {
             let (Some(out), Some((scope, _))) = (self.outbound.get(&okey), scopes.get(&okey))
             else {
@@ -163,6 +158,29 @@ impl SidecarIndex {
             if !keep {
                 self.views.insert(key.clone(), Arc::new(fresh));
             }
+        }
+    }
+}
+
+/// Views of proxies that `keep` no longer wants: while the pod exists its proxy may still be
+/// connected and must see everything go, so it gets an empty configuration of `version`
+/// (once); a pod that is gone is forgotten.
+pub(crate) fn retire_views(
+    views: &mut SidecarViews,
+    keep: impl Fn(&SidecarKey) -> bool,
+    state: &State,
+    version: u64,
+) {
+    let gone: Vec<SidecarKey> = views.keys().filter(|k| !keep(k)).cloned().collect();
+    for k in gone {
+        let pod = ObjectKey::new(Kind::Pod, &k.namespace, &k.name);
+        let emptied = (views.get(&k)).is_some_and(|v| v.by_type.values().all(|m| m.is_empty()));
+        if state.get(&pod).is_none() {
+            views.remove(&k);
+        } else if !emptied {
+            let mut empty = crate::envoy::sidecar::empty();
+            empty.changed_in = version;
+            views.insert(k, Arc::new(empty));
         }
     }
 }

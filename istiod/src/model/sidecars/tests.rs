@@ -508,3 +508,22 @@ fn services_a_scoped_virtual_service_routes_to_come_with_it() {
     m.delete(&ObjectKey::new(Kind::Sidecar, "legacy", "default"));
     assert_eq!(outbound_hosts(&m.build(), "echo-1").len(), 9);
 }
+
+#[test]
+fn a_pod_that_loses_its_sidecar_gets_an_empty_push_then_is_forgotten() {
+    let mut m = legacy();
+    let before = m.build().sidecar(&key("echo-1")).changed_in;
+    // The same pod without the injector's annotation (no sidecar any more).
+    m.apply(obj(pod_json(
+        "legacy",
+        "echo-1",
+        "10.1.0.5",
+        json!({"app": "echo"}),
+    )));
+    let s = m.build();
+    let view = s.sidecar(&key("echo-1"));
+    assert!(view.changed_in > before, "its proxy is told");
+    assert!(view.by_type.values().all(|r| r.is_empty()));
+    m.delete(&ObjectKey::new(Kind::Pod, "legacy", "echo-1"));
+    assert_eq!(m.build().sidecars().count(), 0);
+}
