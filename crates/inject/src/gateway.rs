@@ -51,12 +51,11 @@ pub(crate) fn inject(
         .filter(|c| !c.is_empty())
         .ok_or(InjectError::NoContainers)?
         .clone();
-    let app_names: Vec<String> = (containers.iter())
-        .filter(|c| c["name"] != PROXY)
+    let apps: Vec<&Value> = containers.iter().filter(|c| c["name"] != PROXY).collect();
+    let app_names: Vec<String> = (apps.iter())
         .filter_map(|c| c["name"].as_str().map(str::to_string))
         .collect();
-    let ports: Vec<Value> = (containers.iter())
-        .filter(|c| c["name"] != PROXY)
+    let ports: Vec<Value> = (apps.iter())
         .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
         .collect();
     let mut template = proxy_container(&pod, workload, cfg, &app_names, &ports, 0);

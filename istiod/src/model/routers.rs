@@ -18,7 +18,7 @@ use mesh_api::{
 };
 use mesh_xds::ResourceMap;
 
-use super::sidecars::retire_views;
+use super::sidecars::{outbound_inputs, retire_views};
 use super::state::{meta_labels, State};
 use super::waypoints::WaypointIndex;
 use super::ModelConfig;
@@ -26,7 +26,7 @@ use crate::envoy::sidecar::{
     generate_gateway, generate_outbound, vs_binds_gateway, BoundServer, Credential, GatewayInputs,
     SidecarKey,
 };
-use crate::envoy::{Flavor, ProxyResources, WaypointInputs, WaypointKey};
+use crate::envoy::{ProxyResources, WaypointInputs};
 
 /// Whether a pod's annotations ask for the injector's `gateway` template.
 pub(crate) fn gateway_template(annotations: &BTreeMap<String, String>) -> bool {
@@ -73,45 +73,28 @@ impl RouterIndex {
             state,
             version,
         );
-        let bound: Vec<Arc<VirtualService>> = gateway_virtual_services(state);
+        let bound: Vec<&VirtualService> = gateway_virtual_services(state);
         // The outbound side (clusters, endpoints) by the proxies' namespace.
         let mut outbound: HashMap<String, (WaypointInputs, ProxyResources)> = HashMap::new();
         for (key, (pod, picked)) in &selected {
             let (inputs, side) = outbound.entry(key.namespace.clone()).or_insert_with(|| {
-                let inputs = WaypointInputs {
-                    key: WaypointKey {
-                        namespace: key.namespace.clone(),
-                        name: String::new(),
-                    },
-                    flavor: Flavor::Sidecar {
-                        send_hbone: cfg.sending_hbone,
-                        registry_only: false,
-                    },
-                    trust_domain: cfg.trust_domain.clone(),
-                    domain_suffix: cfg.domain_suffix.clone(),
-                    access_log_file: cfg.access_log_file.clone(),
-                    services: waypoints.services_for_sidecars(
-                        cfg,
-                        state,
-                        addresses,
-                        &key.namespace,
-                    ),
-                };
+                let services =
+                    waypoints.services_for_sidecars(cfg, state, addresses, &key.namespace);
+                let inputs = outbound_inputs(cfg, &key.namespace, false, services);
                 let side = generate_outbound(&inputs, version);
                 (inputs, side)
             });
             let servers = servers(state, pod, picked);
             let names: Vec<&str> = servers.iter().map(|s| s.gateway.as_str()).collect();
-            let virtual_services = (bound.iter())
+            let virtual_services = (bound.iter().copied())
                 .filter(|vs| {
                     let vs_ns = vs.metadata.namespace.as_deref().unwrap_or("default");
                     names.iter().any(|g| vs_binds_gateway(vs, vs_ns, g))
                 })
-                .cloned()
                 .collect();
             let credentials = credentials(state, &key.namespace, &servers);
             let inputs = GatewayInputs {
-                outbound: inputs.clone(),
+                outbound: inputs,
                 servers,
                 virtual_services,
                 credentials,
@@ -317,13 +300,13 @@ fn secret_data(secret: &Secret, keys: &[&str]) -> Option<Vec<u8>> {
 }
 
 /// VirtualServices that name some gateway other than `mesh`, oldest first.
-fn gateway_virtual_services(state: &State) -> Vec<Arc<VirtualService>> {
-    let mut out: Vec<Arc<VirtualService>> = Vec::new();
+fn gateway_virtual_services(state: &State) -> Vec<&VirtualService> {
+    let mut out: Vec<&VirtualService> = Vec::new();
     for ns in state.namespaces_with(Kind::VirtualService) {
         for o in state.objects_in(Kind::VirtualService, &ns) {
             if let Object::VirtualService(v) = o {
                 if v.spec.gateways.iter().any(|g| g != "mesh") {
-                    out.push(Arc::new((**v).clone()));
+                    out.push(v);
                 }
             }
         }

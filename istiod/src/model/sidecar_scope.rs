@@ -7,7 +7,7 @@
 //! `.` then stands for the pod's namespace), else the default: every service, unknown
 //! destinations as the mesh config says.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use mesh_api::{Kind, Object, Sidecar};
 
@@ -114,7 +114,8 @@ fn visible_virtual_services(mut svc: BoundService, scope: &SidecarScope) -> Boun
 /// the proxy's namespace, then the first namespace by name. Ports already imported stay as
 /// they are.
 fn add_destinations(all: &[BoundService], scope: &SidecarScope, out: &mut Vec<BoundService>) {
-    let mut wanted: Vec<(usize, u16)> = Vec::new();
+    // Index in `all` -> the ports wanted.
+    let mut wanted: BTreeMap<usize, BTreeSet<u16>> = BTreeMap::new();
     for svc in all {
         for vs in &svc.virtual_services {
             let vs_ns = vs.metadata.namespace.as_deref().unwrap_or("default");
@@ -132,36 +133,33 @@ fn add_destinations(all: &[BoundService], scope: &SidecarScope, out: &mut Vec<Bo
                 let port = d.port.as_ref().map(|p| p.number).filter(|p| *p != 0);
                 for listener in &listeners {
                     let want = listener.or(port);
-                    for p in &all[target].ports {
-                        if want.is_none_or(|w| w == p.port) {
-                            wanted.push((target, p.port));
-                        }
-                    }
+                    let ports =
+                        (all[target].ports.iter()).filter(|p| want.is_none_or(|w| w == p.port));
+                    wanted
+                        .entry(target)
+                        .or_default()
+                        .extend(ports.map(|p| p.port));
                 }
             }
         }
     }
-    for (target, port) in wanted {
+    // The service's ports in its own order: those imported already and those wanted.
+    for (target, ports) in wanted.into_iter().filter(|(_, p)| !p.is_empty()) {
         let full = &all[target];
-        let existing =
-            (out.iter()).position(|s| s.namespace == full.namespace && s.hostname == full.hostname);
-        let at = match existing {
-            Some(i) => i,
+        match (out.iter_mut())
+            .find(|s| s.namespace == full.namespace && s.hostname == full.hostname)
+        {
+            Some(svc) => {
+                let have: BTreeSet<u16> = svc.ports.iter().map(|p| p.port).collect();
+                svc.ports = (full.ports.iter())
+                    .filter(|p| have.contains(&p.port) || ports.contains(&p.port))
+                    .cloned()
+                    .collect();
+            }
             None => {
                 let mut svc = visible_virtual_services(full.clone(), scope);
-                svc.ports.clear();
+                svc.ports.retain(|p| ports.contains(&p.port));
                 out.push(svc);
-                out.len() - 1
-            }
-        };
-        let svc = &mut out[at];
-        if !svc.ports.iter().any(|p| p.port == port) {
-            let order = |q: u16| full.ports.iter().position(|p| p.port == q);
-            let at = (svc.ports.iter())
-                .position(|p| order(p.port) > order(port))
-                .unwrap_or(svc.ports.len());
-            if let Some(p) = full.ports.iter().find(|p| p.port == port) {
-                svc.ports.insert(at, p.clone());
             }
         }
     }

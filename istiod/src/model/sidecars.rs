@@ -109,20 +109,8 @@ impl SidecarIndex {
             let all = by_namespace
                 .entry(ns)
                 .or_insert_with(|| waypoints.services_for_sidecars(cfg, state, addresses, ns));
-            let inputs = WaypointInputs {
-                key: WaypointKey {
-                    namespace: ns.to_string(),
-                    name: String::new(),
-                },
-                flavor: Flavor::Sidecar {
-                    send_hbone: cfg.sending_hbone,
-                    registry_only: scope.registry_only,
-                },
-                trust_domain: cfg.trust_domain.clone(),
-                domain_suffix: cfg.domain_suffix.clone(),
-                access_log_file: cfg.access_log_file.clone(),
-                services: sidecar_scope::scoped(all, scope),
-            };
+            let services = sidecar_scope::scoped(all, scope);
+            let inputs = outbound_inputs(cfg, ns, scope.registry_only, services);
             let mut fresh = generate_outbound(&inputs, version);
             fresh
                 .errors
@@ -159,6 +147,30 @@ impl SidecarIndex {
                 self.views.insert(key.clone(), Arc::new(fresh));
             }
         }
+    }
+}
+
+/// What the outbound side of proxies in `ns` (sidecars, gateways) is generated from:
+/// `services`, with unknown destinations black-holed when `registry_only`.
+pub(crate) fn outbound_inputs(
+    cfg: &ModelConfig,
+    ns: &str,
+    registry_only: bool,
+    services: Vec<BoundService>,
+) -> WaypointInputs {
+    WaypointInputs {
+        key: WaypointKey {
+            namespace: ns.to_string(),
+            name: String::new(),
+        },
+        flavor: Flavor::Sidecar {
+            send_hbone: cfg.sending_hbone,
+            registry_only,
+        },
+        trust_domain: cfg.trust_domain.clone(),
+        domain_suffix: cfg.domain_suffix.clone(),
+        access_log_file: cfg.access_log_file.clone(),
+        services,
     }
 }
 

@@ -5,7 +5,6 @@
 //! the gateway's namespace has them (Istio mutual TLS to sidecars, HBONE to ambient pods).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use mesh_api::{GatewayServer, VirtualService};
 use mesh_proto::envoy::pb::envoy::config::listener::v3::{
@@ -42,13 +41,13 @@ pub struct BoundServer {
 
 /// What a gateway proxy is configured from.
 #[derive(Debug, Clone)]
-pub struct GatewayInputs {
+pub struct GatewayInputs<'a> {
     /// The services the proxy may route to, as a sidecar of its namespace sees them.
-    pub outbound: WaypointInputs,
+    pub outbound: &'a WaypointInputs,
     /// The servers of every Gateway selecting the proxy, by Gateway then index.
     pub servers: Vec<BoundServer>,
     /// VirtualServices naming one of those Gateways in `gateways`, oldest first.
-    pub virtual_services: Vec<Arc<VirtualService>>,
+    pub virtual_services: Vec<&'a VirtualService>,
     /// The servers' `credentialName`s: the Secret's credential, or why it cannot be used.
     pub credentials: BTreeMap<String, Result<Credential, String>>,
 }
@@ -191,7 +190,7 @@ pub(super) fn generate(inputs: &GatewayInputs, out: &mut Builder, errors: &mut V
 
 /// How `s` terminates connections, or `None` (reported) when the gateway cannot serve it.
 fn termination<'a>(
-    inputs: &'a GatewayInputs,
+    inputs: &'a GatewayInputs<'_>,
     s: &'a BoundServer,
     errors: &mut Vec<RouteError>,
 ) -> Option<Termination<'a>> {
@@ -349,7 +348,7 @@ fn virtual_hosts(
                 let vs_name = object_name(&vs.metadata);
                 let converted = routes
                     .get_or_insert_with(|| {
-                        virtual_service::routes(&inputs.outbound, port, gateway, &[&**vs], errors)
+                        virtual_service::routes(inputs.outbound, port, gateway, &[*vs], errors)
                     })
                     .clone();
                 match seen.get_mut(&host) {

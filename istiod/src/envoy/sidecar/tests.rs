@@ -105,7 +105,7 @@ fn generate(mode: PeerMode, port_modes: &[(u16, PeerMode)]) -> ProxyResources {
     generate_sidecar(&out, &sidecar_inputs(mode, port_modes), 2)
 }
 
-fn listener(res: &ProxyResources, name: &str) -> Listener {
+pub(super) fn listener(res: &ProxyResources, name: &str) -> Listener {
     let all: Vec<Listener> = decode(res, type_url::LISTENER);
     all.into_iter()
         .find(|l| l.name == name)

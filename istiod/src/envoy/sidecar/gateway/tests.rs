@@ -5,7 +5,7 @@ use mesh_api::IstioGateway;
 use mesh_proto::envoy::pb::envoy::config::route::v3::{route, route_action, RouteConfiguration};
 
 use super::super::super::tests::{decode, envoy_or_skip, envoy_validates};
-use super::super::tests::{inline_routes, outbound_inputs};
+use super::super::tests::{inline_routes, listener, outbound_inputs};
 use super::super::{generate_gateway, generate_outbound};
 use super::*;
 use crate::envoy::ProxyResources;
@@ -31,11 +31,18 @@ spec:
     hosts: ["nothing.example.org"]
 "#;
 
-fn vs(yaml: &str) -> Arc<VirtualService> {
-    Arc::new(serde_yaml::from_str(yaml).expect("vs"))
+/// A VirtualService for the life of the test binary (the inputs borrow their VirtualServices).
+fn vs(yaml: &str) -> &'static VirtualService {
+    Box::leak(Box::new(serde_yaml::from_str(yaml).expect("vs")))
 }
 
-fn gateway_inputs() -> GatewayInputs {
+/// The sidecar tests' services as the gateway's namespace sees them, made once.
+fn shared_outbound() -> &'static WaypointInputs {
+    static OUTBOUND: std::sync::OnceLock<WaypointInputs> = std::sync::OnceLock::new();
+    OUTBOUND.get_or_init(outbound_inputs)
+}
+
+fn gateway_inputs() -> GatewayInputs<'static> {
     let gw: IstioGateway = serde_yaml::from_str(GATEWAY).expect("gateway");
     let servers = (gw.spec.servers.iter().enumerate())
         .map(|(index, server)| BoundServer {
@@ -56,7 +63,7 @@ fn gateway_inputs() -> GatewayInputs {
         ca: Some(tls.ca_pem().as_bytes().to_vec()),
     };
     GatewayInputs {
-        outbound: outbound_inputs(),
+        outbound: shared_outbound(),
         servers,
         credentials: BTreeMap::from([("cert".to_string(), Ok(credential))]),
         virtual_services: vec![
@@ -95,7 +102,7 @@ fn tls_context(
 
 fn gateway() -> ProxyResources {
     let inputs = gateway_inputs();
-    let outbound = generate_outbound(&inputs.outbound, 1);
+    let outbound = generate_outbound(inputs.outbound, 1);
     generate_gateway(&outbound, &inputs, 2)
 }
 
@@ -166,13 +173,7 @@ fn servers_become_listeners_and_bound_virtual_services_their_hosts() {
         res.by_type[type_url::ENDPOINT].contains_key("outbound|80||echo.shop.svc.cluster.local")
     );
     // HTTPS on 443: TLS with the credential by SDS over ADS, its own routes.
-    let https = Listener::decode(
-        res.by_type[type_url::LISTENER]["0.0.0.0_443"]
-            .body
-            .value
-            .as_slice(),
-    )
-    .expect("listener");
+    let https = listener(&res, "0.0.0.0_443");
     assert_eq!(
         https.listener_filters[0].name,
         "envoy.filters.listener.tls_inspector"
@@ -208,17 +209,11 @@ fn mutual_tls_needs_the_credentials_ca_and_a_missing_credential_leaves_the_serve
     let mut inputs = gateway_inputs();
     let tls = inputs.servers[2].server.tls.as_mut().expect("tls");
     tls.mode = Some("MUTUAL".into());
-    let outbound = generate_outbound(&inputs.outbound, 1);
+    let outbound = generate_outbound(inputs.outbound, 1);
     let res = generate_gateway(&outbound, &inputs, 2);
     let secrets = &res.by_type[type_url::SECRET];
     assert!(secrets.contains_key("kubernetes://cert-cacert"));
-    let https = Listener::decode(
-        res.by_type[type_url::LISTENER]["0.0.0.0_443"]
-            .body
-            .value
-            .as_slice(),
-    )
-    .expect("listener");
+    let https = listener(&res, "0.0.0.0_443");
     let ctx = tls_context(&https);
     assert_eq!(ctx.require_client_certificate.map(|b| b.value), Some(true));
     assert!(ctx
@@ -266,7 +261,7 @@ fn matches_name_their_port_and_gateway_and_overlapping_tls_hosts_are_refused() {
         p.name = "https-b".into();
     }
     inputs.servers.extend([second, named, overlapping]);
-    let outbound = generate_outbound(&inputs.outbound, 1);
+    let outbound = generate_outbound(inputs.outbound, 1);
     let res = generate_gateway(&outbound, &inputs, 2);
     let routes: Vec<RouteConfiguration> = decode(&res, type_url::ROUTE);
     let on_80 = (routes.iter().find(|r| r.name == "http.8080")).expect("http.8080");
@@ -288,13 +283,7 @@ fn matches_name_their_port_and_gateway_and_overlapping_tls_hosts_are_refused() {
             "{needle}\n{errors:#?}"
         );
     }
-    let on_444 = Listener::decode(
-        res.by_type[type_url::LISTENER]["0.0.0.0_444"]
-            .body
-            .value
-            .as_slice(),
-    )
-    .expect("listener");
+    let on_444 = listener(&res, "0.0.0.0_444");
     assert_eq!(on_444.filter_chains.len(), 1);
 }
 
@@ -313,12 +302,12 @@ fn gateway_names_and_hosts_resolve_as_istio_resolves_them() {
         ("[mesh]", false),
     ] {
         assert_eq!(
-            binds(&v(gateways), "shop", "istio-system/ingress"),
+            binds(v(gateways), "shop", "istio-system/ingress"),
             bound,
             "{gateways}"
         );
     }
-    assert!(binds(&v("[./gw]"), "shop", "shop/gw"));
+    assert!(binds(v("[./gw]"), "shop", "shop/gw"));
     assert_eq!(
         server_host("shop/a.example.com", "shop", "istio-system/gw"),
         Some("a.example.com")
