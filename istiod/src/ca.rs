@@ -10,6 +10,7 @@
 //! bound token names a pod that exists with the token's uid and service account; its node is
 //! that pod's `spec.nodeName`.
 
+use crate::signing_pool::SigningPool;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -193,6 +194,8 @@ pub struct CaService {
     /// `CA_TRUSTED_NODE_ACCOUNTS`: (namespace, service account) of node agents.
     trusted_node_accounts: Arc<Vec<(String, String)>>,
     stats: Arc<CaStats>,
+    /// Where CSRs are checked and signed; tokio's blocking pool when unset.
+    signer: Option<SigningPool>,
 }
 
 impl CaService {
@@ -209,7 +212,14 @@ impl CaService {
             cluster_id: cluster_id.into(),
             trusted_node_accounts: Arc::default(),
             stats: Arc::default(),
+            signer: None,
         }
+    }
+
+    /// Checks and signs CSRs on `pool`'s low-priority threads instead of tokio's blocking pool.
+    pub fn with_signing_pool(mut self, pool: SigningPool) -> Self {
+        self.signer = Some(pool);
+        self
     }
 
     /// Service accounts (namespace, name) whose pods may impersonate the workloads on their
@@ -260,9 +270,9 @@ impl CaService {
         Ok(caller)
     }
 
-    /// Checks who the certificate is for, then signs it on the blocking pool: parsing and
-    /// verifying the CSR and signing take CPU time that must not hold up the runtime's thread,
-    /// which also serves xDS pushes (a storm of CSRs would otherwise delay every push).
+    /// Checks who the certificate is for, then signs it off the runtime's threads (on the
+    /// signing pool's low-priority threads when there is one): parsing and verifying the CSR
+    /// and signing take CPU time that must not hold up xDS pushes.
     async fn authorize_and_sign(
         &self,
         caller: &Caller,
@@ -279,9 +289,16 @@ impl CaService {
         let ca = self.ca.current();
         let csr = req.csr.clone();
         let signing = identity.clone();
-        let chain = tokio::task::spawn_blocking(move || ca.sign_csr(&csr, &signing, ttl))
-            .await
-            .map_err(|e| CaServiceError::Signer(e.to_string()))??;
+        let sign = move || ca.sign_csr(&csr, &signing, ttl);
+        let chain = match &self.signer {
+            Some(pool) => pool
+                .run(sign)
+                .await
+                .map_err(|e| CaServiceError::Signer(e.to_string()))??,
+            None => tokio::task::spawn_blocking(sign)
+                .await
+                .map_err(|e| CaServiceError::Signer(e.to_string()))??,
+        };
         Ok((identity, chain))
     }
 

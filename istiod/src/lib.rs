@@ -17,5 +17,6 @@ pub mod model;
 pub mod push;
 pub mod server;
 pub mod serving_tls;
+pub mod signing_pool;
 pub mod webhook;
 pub mod xds;

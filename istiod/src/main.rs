@@ -7,7 +7,9 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-#[tokio::main(flavor = "current_thread")]
+/// A multi-threaded runtime, one worker per core: xDS connections, CA calls and webhooks run on
+/// every core rather than queueing behind each other on one thread.
+#[tokio::main]
 async fn main() -> anyhow::Result<()> {
     mesh_runtime::telemetry::init()?;
     // Give freed pages back to the system from a background thread, within jemalloc's decay

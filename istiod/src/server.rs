@@ -75,6 +75,8 @@ pub enum ServerError {
     },
     #[error("Kubernetes API: {0}")]
     Kube(String),
+    #[error("cannot start the CA's signing threads: {0}")]
+    SigningPool(std::io::Error),
     #[error("the cluster's CA root: {0}")]
     CaSecret(#[from] crate::kube::ca_secret::CaSecretError),
 }
@@ -92,6 +94,7 @@ impl ServerError {
             ServerError::Webhook { .. } => "webhook",
             ServerError::StateDir { .. } => "state_dir",
             ServerError::Kube(_) => "kube",
+            ServerError::SigningPool(_) => "signing_pool",
             ServerError::CaSecret(e) => e.reason(),
             ServerError::ServingTls(e) => e.reason(),
         }
@@ -316,6 +319,14 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
     .with_trusted_node_accounts(
         crate::ca::parse_node_accounts(&config.ca_trusted_node_accounts)
             .map_err(|e| ServerError::Config(crate::config::ConfigError::Invalid(e)))?,
+    )
+    .with_signing_pool(
+        // One thread per core: a storm then signs on every core when nothing else runs.
+        crate::signing_pool::SigningPool::start(
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            crate::signing_pool::SIGNING_NICE,
+        )
+        .map_err(ServerError::SigningPool)?,
     );
     metrics.register(|r| r.register_collector(Box::new(CaCollector(ca_service.stats()))));
 

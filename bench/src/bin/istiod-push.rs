@@ -68,6 +68,12 @@ struct Args {
     csr_storm: usize,
 }
 
+impl Args {
+    fn services_per_ns(&self) -> usize {
+        self.services.div_ceil(NAMESPACES)
+    }
+}
+
 /// The bearer token the storm's CSRs carry, and the identity istiod's token file gives it.
 const STORM_TOKEN: &str = "bench-storm-token";
 const STORM_IDENTITY: &str = "spiffe://cluster.local/ns/ns-0/sa/default";
@@ -97,18 +103,25 @@ impl Cluster {
     }
 
     /// Writes the new revision of pod `i` in namespace `ns`; returns when it was written.
-    fn change_pod(&self, ns: usize, i: usize, revision: usize) -> anyhow::Result<Instant> {
+    fn change_pod(
+        &self,
+        ns: usize,
+        i: usize,
+        revision: usize,
+        services_per_ns: usize,
+    ) -> anyhow::Result<Instant> {
         match self {
             Cluster::Dir(dir) => {
                 let path = dir.join(format!("ns-{ns}/pod-{i}.yaml"));
                 let tmp = dir.join(format!("ns-{ns}/.pod-{i}.yaml.tmp"));
-                std::fs::write(&tmp, pod_yaml(ns, i, revision))?;
+                std::fs::write(&tmp, pod_yaml(ns, i, revision, services_per_ns))?;
                 let t0 = Instant::now();
                 std::fs::rename(&tmp, &path)?;
                 Ok(t0)
             }
             Cluster::Api { api, .. } => {
-                let pod: serde_json::Value = serde_yaml::from_str(&pod_yaml(ns, i, revision))?;
+                let pod: serde_json::Value =
+                    serde_yaml::from_str(&pod_yaml(ns, i, revision, services_per_ns))?;
                 let t0 = Instant::now();
                 api.seed(pod)
                     .map_err(|e| anyhow::anyhow!("update pod: {e:?}"))?;
@@ -181,14 +194,18 @@ const NAMESPACES: usize = 100;
 /// HTTP/2 receive windows of the clients (ztunnel's `HTTP2_CONNECTION_WINDOW_SIZE` is 16 MiB).
 const WINDOW: u32 = 16 << 20;
 
-fn pod_yaml(ns: usize, i: usize, revision: usize) -> String {
-    let svc = i % 10;
+/// Pod `i` of namespace `ns`, selected by Service `svc-<i mod services_per_ns>`. Pod IPs are
+/// numbered across the whole cluster (10.1.0.1 upwards), so they stay unique beyond 250 Pods a
+/// namespace.
+fn pod_yaml(ns: usize, i: usize, revision: usize, services_per_ns: usize) -> String {
+    let svc = i % services_per_ns.max(1);
+    let n = ns * 1_000 + i + 1;
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: pod-{i}\n  namespace: ns-{ns}\n  labels:\n    app: svc-{svc}\n    version: v{revision}\nspec:\n  nodeName: node-{node}\n  serviceAccountName: sa-{svc}\n  containers:\n  - name: app\n    image: app\n    ports:\n    - name: http\n      containerPort: 8080\nstatus:\n  phase: Running\n  podIP: 10.{a}.{b}.{c}\n  conditions:\n  - type: Ready\n    status: \"True\"\n",
         node = i % 50,
-        a = 1 + ns / 250,
-        b = ns % 250,
-        c = 1 + i % 250,
+        a = 1 + n / 65_536,
+        b = (n / 256) % 256,
+        c = n % 256,
     )
 }
 
@@ -209,8 +226,11 @@ fn write_cluster(dir: &Path, pods: usize, services: usize) -> anyhow::Result<Vec
             ));
         }
         std::fs::write(nsdir.join("namespace.yaml"), head)?;
-        for i in 0..per_ns_pods.min(250) {
-            std::fs::write(nsdir.join(format!("pod-{i}.yaml")), pod_yaml(ns, i, 0))?;
+        for i in 0..per_ns_pods.min(1_000) {
+            std::fs::write(
+                nsdir.join(format!("pod-{i}.yaml")),
+                pod_yaml(ns, i, 0, per_ns_svcs),
+            )?;
             pod_ids.push((ns, i));
         }
     }
@@ -430,7 +450,7 @@ async fn run(
         let measured = change >= args.warmup;
         let (ns, i) = pod_ids[(change * 7919) % pod_ids.len()];
         let name = format!("Kubernetes//Pod/ns-{ns}/pod-{i}");
-        let t0 = cluster.change_pod(ns, i, change + 1)?;
+        let t0 = cluster.change_pod(ns, i, change + 1, args.services_per_ns())?;
         if std::env::var_os("BENCH_TRACE").is_some() {
             let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
             eprintln!("change {change}: renamed at unix {:.3}", wall.as_secs_f64());
@@ -614,7 +634,7 @@ async fn csr_storm(
     // The change goes in while the calls are in flight.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let name = format!("Kubernetes//Pod/ns-{ns}/pod-{i}");
-    let t0 = cluster.change_pod(ns, i, version)?;
+    let t0 = cluster.change_pod(ns, i, version, args.services_per_ns())?;
     let mut got = 0;
     let mut last = t0;
     let deadline = t0 + Duration::from_secs(60);
