@@ -1,5 +1,6 @@
 //! Shared pieces of the system benchmarks: percentiles, table printing, HTTP load.
 
+pub mod ads_client;
 pub mod http_load;
 
 /// The `p`-th percentile (0..=100) of `samples` (sorted in place), nearest-rank.

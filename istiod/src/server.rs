@@ -166,10 +166,30 @@ impl NodeLocator for SnapshotLocator {
     }
 }
 
+/// Binds a listener with the kernel's largest accept queue (`net.core.somaxconn`), as Go's
+/// listeners (and so Istio's istiod) do. tokio's default of 1,024 overflows when a thousand
+/// proxies reconnect at once while istiod is busy sending initial configurations: the kernel
+/// then drops handshakes and falls back to SYN cookies, and some connections are reset.
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServerError::Bind { addr, source })
+    let err = |source| ServerError::Bind { addr, source };
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .map_err(err)?;
+    // As `TcpListener::bind`: a restarted istiod binds again while old connections linger.
+    socket.set_reuseaddr(true).map_err(err)?;
+    socket.bind(addr).map_err(err)?;
+    socket.listen(listen_backlog()).map_err(err)
+}
+
+/// `net.core.somaxconn`, or 4,096 (the kernel's default since 5.4) when it cannot be read.
+fn listen_backlog() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(4096)
 }
 
 fn local(l: &TcpListener, fallback: SocketAddr) -> SocketAddr {

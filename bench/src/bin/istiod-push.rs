@@ -18,16 +18,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
+use mesh_bench::ads_client::DeltaAds;
 use mesh_bench::{percentile, print_table};
-use mesh_proto::discovery::{
-    aggregated_discovery_service_client::AggregatedDiscoveryServiceClient, DeltaDiscoveryRequest,
-};
+use mesh_proto::discovery::DeltaDiscoveryRequest;
 use mesh_proto::envoy::pb::envoy::config::core::v3::Node;
 use mesh_proto::type_url;
 use mesh_testutil::kube_api::{core_types, FakeApiServer};
 use serde::Deserialize;
 use tokio::sync::{mpsc, Barrier};
-use tokio_stream::StreamExt;
 
 /// Set once every figure is taken: clients' streams may end from then on.
 static MEASURED: AtomicBool = AtomicBool::new(false);
@@ -295,18 +293,11 @@ fn start_istiod(
 /// (client, resource name, receive time) for every resource it receives.
 async fn client(
     id: usize,
-    addr: String,
+    addr: std::net::SocketAddr,
     ready: Arc<Barrier>,
     seen: mpsc::UnboundedSender<(String, Instant)>,
 ) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(addr)?
-        .initial_stream_window_size(Some(WINDOW))
-        .initial_connection_window_size(Some(WINDOW))
-        .connect()
-        .await?;
-    let mut ads =
-        AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(256 << 20);
-    let (tx, rx) = mpsc::unbounded_channel();
+    let mut ads = DeltaAds::connect(addr, WINDOW).await?;
     let node = Node {
         id: format!(
             "ztunnel~10.255.{}.{}~ztunnel-{id}.istio-system~istio-system.svc.cluster.local",
@@ -316,21 +307,16 @@ async fn client(
         ..Default::default()
     };
     for t in [type_url::ADDRESS, type_url::AUTHORIZATION] {
-        tx.send(DeltaDiscoveryRequest {
+        ads.send(&DeltaDiscoveryRequest {
             node: Some(node.clone()),
             type_url: t.to_string(),
             ..Default::default()
         })?;
     }
-    let mut stream = ads
-        .delta_aggregated_resources(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-        .await?
-        .into_inner();
     let mut initial = true;
-    while let Some(resp) = stream.next().await {
-        let resp = resp?;
+    while let Some(resp) = ads.next().await? {
         let now = Instant::now();
-        tx.send(DeltaDiscoveryRequest {
+        ads.send(&DeltaDiscoveryRequest {
             type_url: resp.type_url.clone(),
             response_nonce: resp.nonce.clone(),
             ..Default::default()
@@ -340,8 +326,8 @@ async fn client(
             ready.wait().await;
             continue;
         }
-        for r in resp.resources {
-            let _ = seen.send((r.name, now));
+        for name in resp.names {
+            let _ = seen.send((name, now));
         }
     }
     bail!("client {id}: stream ended")
@@ -425,10 +411,10 @@ async fn run(
 
     let barrier = Arc::new(Barrier::new(args.clients + 1));
     let (seen_tx, mut seen_rx) = mpsc::unbounded_channel();
-    let addr = format!("http://127.0.0.1:{}", args.base_port + 10);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], args.base_port + 10));
     let t = Instant::now();
     for id in 0..args.clients {
-        let (addr, b, s) = (addr.clone(), barrier.clone(), seen_tx.clone());
+        let (b, s) = (barrier.clone(), seen_tx.clone());
         tokio::spawn(async move {
             // Streams end with an error once istiod is stopped after the measurements.
             if let Err(e) = client(id, addr, b, s).await {

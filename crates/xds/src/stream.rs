@@ -434,7 +434,17 @@ impl TypeState {
         };
         let forced: BTreeSet<String> = self.requested.iter().flat_map(|n| resolve(n)).collect();
         let mut delta = Delta::default();
-        for name in self.candidates(map, changed, &subscribed, &forced) {
+        if self.wildcard && changed.is_none() {
+            // Everything is compared: walk the client's map and the snapshot's side by side.
+            // The client's map is then replaced by the snapshot's below.
+            diff_all(&self.known, map, &forced, &mut delta);
+        }
+        let candidates = if self.wildcard && changed.is_none() {
+            BTreeSet::new()
+        } else {
+            self.candidates(map, changed, &subscribed, &forced)
+        };
+        for name in candidates {
             let wanted = self.wildcard || subscribed.contains(&name);
             match map.get(&name).filter(|_| wanted) {
                 Some(res) => {
@@ -509,6 +519,43 @@ impl TypeState {
             removed_resources: delta.removed.into_iter().collect(),
             nonce,
             ..DeltaDiscoveryResponse::default()
+        }
+    }
+}
+
+/// The delta that turns `known` (what a wildcard client holds) into `map`: added resources,
+/// resources whose version changed, removed names, and the `forced` names (asked for again)
+/// even if unchanged. Subtrees the two persistent maps share are skipped, and nothing is
+/// collected or copied but the delta: with 50,000 resources this is what a thousand initial
+/// subscriptions cost.
+fn diff_all(
+    known: &ResourceMap,
+    map: &ResourceMap,
+    forced: &BTreeSet<String>,
+    delta: &mut Delta,
+) {
+    use imbl::ordmap::DiffItem;
+    for item in known.diff(map) {
+        match item {
+            DiffItem::Add(_, res) => delta.resources.push(Arc::clone(res)),
+            DiffItem::Update {
+                old: (_, held),
+                new: (_, res),
+            } => {
+                if held.version != res.version {
+                    delta.resources.push(Arc::clone(res));
+                }
+            }
+            DiffItem::Remove(name, _) => {
+                delta.removed.insert(name.clone());
+            }
+        }
+    }
+    for name in forced {
+        if let Some(res) = map.get(name) {
+            if known.get(name).is_some_and(|held| held.version == res.version) {
+                delta.resources.push(Arc::clone(res));
+            }
         }
     }
 }

@@ -86,6 +86,21 @@ fn full_compare_without_history_finds_differences() {
 }
 
 #[test]
+fn full_compare_resends_a_name_asked_for_again() {
+    let snap = base();
+    let (mut s, resp) = open(&req(&[], &[]), &snap);
+    s.handle_request(&ack(&resp)).expect("ack");
+    // A wildcard client asks for "b" by name (as after losing it): it gets it again, alone.
+    s.handle_request(&req(&["b"], &[])).expect("subscribe");
+    let next = snap.next(&[res("c", "c2", &[])], &[]);
+    let resp = s.respond(T, &next, None).expect("response");
+    assert_eq!(names(&resp), ["c", "b"]);
+    assert!(resp.removed_resources.is_empty());
+    // Nothing is pending afterwards.
+    assert!(s.push(&next, None).is_empty());
+}
+
+#[test]
 fn nack_is_kept_until_next_ack_with_history() {
     let snap = base();
     let (mut s, resp) = open(&req(&[], &[]), &snap);
