@@ -9,6 +9,8 @@
 //!
 //! Usage: istiod-push --istiod <path-to-istiod-binary> [--source dir|kube --pods 10000
 //!        --services 1000 --clients 500 --changes 20 --csr-storm 1000]
+//!
+//! The clients are `mesh_bench::ads_client`'s lean ones, so that a thousand fit in one process.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
