@@ -105,7 +105,8 @@ impl DeltaAds {
             .context("sending a request")
     }
 
-    /// The next response; `None` when the stream ended cleanly.
+    /// The next response; `None` when the stream ended with status OK. Not cancel-safe: do
+    /// not race it against other futures.
     pub async fn next(&mut self) -> anyhow::Result<Option<Names>> {
         loop {
             if let Some(message) = self.frames.next_message()? {
@@ -121,6 +122,10 @@ impl DeltaAds {
                 if response.status() != http::StatusCode::OK {
                     bail!("status {}", response.status());
                 }
+                // A call refused at once answers with its status in the headers alone.
+                if response.headers().contains_key("grpc-status") {
+                    return grpc_end(response.headers());
+                }
                 self.body = Some(response.into_body());
             }
             let Some(body) = self.body.as_mut() else {
@@ -133,17 +138,31 @@ impl DeltaAds {
                     self.frames.push(chunk);
                 }
                 None => {
-                    if let Some(trailers) = body.trailers().await? {
-                        if let Some(status) = trailers.get("grpc-status") {
-                            if status != "0" {
-                                bail!("stream ended with grpc-status {status:?}");
-                            }
-                        }
-                    }
-                    return Ok(None);
+                    return match body.trailers().await? {
+                        Some(trailers) => grpc_end(&trailers),
+                        None => bail!("stream ended without a grpc-status"),
+                    };
                 }
             }
         }
+    }
+}
+
+/// The end of a stream as its `grpc-status` says: `None` for OK, else an error with the
+/// server's `grpc-message`.
+fn grpc_end(fields: &http::HeaderMap) -> anyhow::Result<Option<Names>> {
+    let field = |name: &str| {
+        fields
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    match field("grpc-status").as_deref() {
+        Some("0") => Ok(None),
+        Some(status) => bail!(
+            "stream ended with grpc-status {status}: {}",
+            field("grpc-message").unwrap_or_default()
+        ),
+        None => bail!("stream ended without a grpc-status"),
     }
 }
 

@@ -76,7 +76,7 @@ pub enum ServerError {
     #[error("Kubernetes API: {0}")]
     Kube(String),
     #[error("cannot start the CA's signing threads: {0}")]
-    SigningPool(std::io::Error),
+    SigningPool(#[source] std::io::Error),
     #[error("the cluster's CA root: {0}")]
     CaSecret(#[from] crate::kube::ca_secret::CaSecretError),
 }

@@ -69,7 +69,10 @@ impl SigningPool {
     ) -> Result<T, PoolError> {
         let (done, result) = oneshot::channel();
         let job: Job = Box::new(move || {
-            let _ = done.send(f());
+            // A caller that gave up (its call timed out or was cancelled) costs no signing.
+            if !done.is_closed() {
+                let _ = done.send(f());
+            }
         });
         self.tx.send(job).await.map_err(|_| PoolError::Stopped)?;
         result.await.map_err(|_| PoolError::Panicked)

@@ -19,6 +19,10 @@ pub struct Resource {
     pub body: prost_types::Any,
 }
 
+/// Every field compares exactly (no floating point): `Eq` lets `Arc<Resource>` comparisons,
+/// as in the persistent maps' diff, stop at pointer equality.
+impl Eq for Resource {}
+
 impl Resource {
     /// Encodes `message` as an `Any` of `type_url` and derives the version from its bytes.
     pub fn new<M: Message>(

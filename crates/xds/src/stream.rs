@@ -434,15 +434,15 @@ impl TypeState {
         };
         let forced: BTreeSet<String> = self.requested.iter().flat_map(|n| resolve(n)).collect();
         let mut delta = Delta::default();
-        if self.wildcard && changed.is_none() {
+        let candidates = match (self.wildcard, changed) {
             // Everything is compared: walk the client's map and the snapshot's side by side.
             // The client's map is then replaced by the snapshot's below.
-            diff_all(&self.known, map, &forced, &mut delta);
-        }
-        let candidates = if self.wildcard && changed.is_none() {
-            BTreeSet::new()
-        } else {
-            self.candidates(map, changed, &subscribed, &forced)
+            (true, None) => {
+                diff_all(&self.known, map, &forced, &mut delta);
+                BTreeSet::new()
+            }
+            (true, Some(changed)) => forced.iter().chain(changed).cloned().collect(),
+            (false, _) => self.explicit_candidates(&subscribed, &forced),
         };
         for name in candidates {
             let wanted = self.wildcard || subscribed.contains(&name);
@@ -476,27 +476,16 @@ impl TypeState {
         (force || !empty_delta).then_some(delta)
     }
 
-    /// The names to compare: for wildcard, the changed names (or everything); for explicit
-    /// subscriptions, what is subscribed plus what the client has (bounded by the subscription).
-    fn candidates(
+    /// The names to compare for explicit subscriptions: what is subscribed or asked for again,
+    /// plus what the client has (bounded by the subscription).
+    fn explicit_candidates(
         &self,
-        map: &ResourceMap,
-        changed: Option<&BTreeSet<String>>,
         subscribed: &BTreeSet<String>,
         forced: &BTreeSet<String>,
     ) -> BTreeSet<String> {
         let mut out: BTreeSet<String> = forced.clone();
-        match (self.wildcard, changed) {
-            (true, Some(changed)) => out.extend(changed.iter().cloned()),
-            (true, None) => {
-                out.extend(map.keys().cloned());
-                out.extend(self.known.keys().cloned());
-            }
-            (false, _) => {
-                out.extend(subscribed.iter().cloned());
-                out.extend(self.known.keys().cloned());
-            }
-        }
+        out.extend(subscribed.iter().cloned());
+        out.extend(self.known.keys().cloned());
         out
     }
 
@@ -528,12 +517,7 @@ impl TypeState {
 /// even if unchanged. Subtrees the two persistent maps share are skipped, and nothing is
 /// collected or copied but the delta: with 50,000 resources this is what a thousand initial
 /// subscriptions cost.
-fn diff_all(
-    known: &ResourceMap,
-    map: &ResourceMap,
-    forced: &BTreeSet<String>,
-    delta: &mut Delta,
-) {
+fn diff_all(known: &ResourceMap, map: &ResourceMap, forced: &BTreeSet<String>, delta: &mut Delta) {
     use imbl::ordmap::DiffItem;
     for item in known.diff(map) {
         match item {
@@ -553,7 +537,10 @@ fn diff_all(
     }
     for name in forced {
         if let Some(res) = map.get(name) {
-            if known.get(name).is_some_and(|held| held.version == res.version) {
+            if known
+                .get(name)
+                .is_some_and(|held| held.version == res.version)
+            {
                 delta.resources.push(Arc::clone(res));
             }
         }
