@@ -15,9 +15,6 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use mesh_proto::discovery::DeltaDiscoveryRequest;
 use prost::Message;
 
-/// The gRPC path of the delta ADS method.
-const DELTA_PATH: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 /// Largest message accepted (as the tonic clients' limit did).
 const MAX_MESSAGE: usize = 256 << 20;
 
@@ -76,7 +73,7 @@ impl DeltaAds {
             let _ = connection.await;
         });
         let mut client = client.ready().await.context("HTTP/2 not ready")?;
-        let request = http::Request::post(format!("http://{addr}{DELTA_PATH}"))
+        let request = http::Request::post(format!("http://{addr}{}", mesh_proto::DELTA_ADS_PATH))
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .body(())?;

@@ -290,15 +290,13 @@ impl CaService {
         let csr = req.csr.clone();
         let signing = identity.clone();
         let sign = move || ca.sign_csr(&csr, &signing, ttl);
-        let chain = match &self.signer {
-            Some(pool) => pool
-                .run(sign)
-                .await
-                .map_err(|e| CaServiceError::Signer(e.to_string()))??,
+        let signed = match &self.signer {
+            Some(pool) => pool.run(sign).await.map_err(|e| e.to_string()),
             None => tokio::task::spawn_blocking(sign)
                 .await
-                .map_err(|e| CaServiceError::Signer(e.to_string()))??,
+                .map_err(|e| e.to_string()),
         };
+        let chain = signed.map_err(CaServiceError::Signer)??;
         Ok((identity, chain))
     }
 

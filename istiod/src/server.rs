@@ -170,7 +170,7 @@ impl NodeLocator for SnapshotLocator {
 /// listeners (and so Istio's istiod) do. tokio's default of 1,024 overflows when a thousand
 /// proxies reconnect at once while istiod is busy sending initial configurations: the kernel
 /// then drops handshakes and falls back to SYN cookies, and some connections are reset.
-async fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
+fn bind(addr: SocketAddr) -> Result<TcpListener, ServerError> {
     let err = |source| ServerError::Bind { addr, source };
     let socket = match addr {
         SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
@@ -350,8 +350,8 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
     );
     metrics.register(|r| r.register_collector(Box::new(CaCollector(ca_service.stats()))));
 
-    let grpc = bind(config.grpc_addr).await?;
-    let secure = bind(config.secure_grpc_addr).await?;
+    let grpc = bind(config.grpc_addr)?;
+    let secure = bind(config.secure_grpc_addr)?;
     let grpc_addr = local(&grpc, config.grpc_addr);
     let secure_grpc_addr = local(&secure, config.secure_grpc_addr);
     tasks.spawn(serve_plaintext(
@@ -401,7 +401,7 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
     let monitoring = BoundServer::bind(config.monitoring_addr).await?;
     let http_addr = http.local_addr();
     let monitoring_addr = monitoring.local_addr();
-    let webhook = bind(config.webhook_addr).await?;
+    let webhook = bind(config.webhook_addr)?;
     let webhook_addr = local(&webhook, config.webhook_addr);
     let listener = crate::webhook::TlsListener {
         incoming: tls_incoming(webhook, webhook_tls),

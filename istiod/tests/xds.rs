@@ -476,9 +476,7 @@ async fn garbage_ends_only_that_stream() {
 
     let mut grpc = tonic::client::Grpc::new(h.channel().await);
     grpc.ready().await.expect("ready");
-    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-        "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources",
-    );
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(mesh_proto::DELTA_ADS_PATH);
     // An invalid varint: not a protobuf message.
     let garbage = tokio_stream::iter(vec![vec![0xff_u8; 11]]);
     let mut bad = grpc

@@ -29,6 +29,10 @@ pub mod ca {
 pub use envoy_types as envoy;
 pub use envoy_types::pb::envoy::service::discovery::v3 as discovery;
 
+/// The gRPC path of the delta ADS method, `DeltaAggregatedResources`.
+pub const DELTA_ADS_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
 /// Type URLs, exactly as Istio sends them.
 pub mod type_url {
     /// Workload discovery: `istio.workload.Address` (delta only).

@@ -72,6 +72,11 @@ impl Args {
     fn services_per_ns(&self) -> usize {
         self.services.div_ceil(NAMESPACES)
     }
+
+    /// Pods per namespace, at most [`MAX_PODS_PER_NS`].
+    fn pods_per_ns(&self) -> usize {
+        self.pods.div_ceil(NAMESPACES).min(MAX_PODS_PER_NS)
+    }
 }
 
 /// The bearer token the storm's CSRs carry, and the identity istiod's token file gives it.
@@ -191,6 +196,8 @@ fn walk(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 const NAMESPACES: usize = 100;
+/// Pods of one namespace; also the stride of the cluster-wide Pod numbering behind Pod IPs.
+const MAX_PODS_PER_NS: usize = 1_000;
 /// HTTP/2 receive windows of the clients (ztunnel's `HTTP2_CONNECTION_WINDOW_SIZE` is 16 MiB).
 const WINDOW: u32 = 16 << 20;
 
@@ -199,7 +206,7 @@ const WINDOW: u32 = 16 << 20;
 /// namespace.
 fn pod_yaml(ns: usize, i: usize, revision: usize, services_per_ns: usize) -> String {
     let svc = i % services_per_ns.max(1);
-    let n = ns * 1_000 + i + 1;
+    let n = ns * MAX_PODS_PER_NS + i + 1;
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: pod-{i}\n  namespace: ns-{ns}\n  labels:\n    app: svc-{svc}\n    version: v{revision}\nspec:\n  nodeName: node-{node}\n  serviceAccountName: sa-{svc}\n  containers:\n  - name: app\n    image: app\n    ports:\n    - name: http\n      containerPort: 8080\nstatus:\n  phase: Running\n  podIP: 10.{a}.{b}.{c}\n  conditions:\n  - type: Ready\n    status: \"True\"\n",
         node = i % 50,
@@ -209,9 +216,8 @@ fn pod_yaml(ns: usize, i: usize, revision: usize, services_per_ns: usize) -> Str
     )
 }
 
-fn write_cluster(dir: &Path, pods: usize, services: usize) -> anyhow::Result<Vec<(usize, usize)>> {
-    let per_ns_pods = pods.div_ceil(NAMESPACES);
-    let per_ns_svcs = services.div_ceil(NAMESPACES);
+fn write_cluster(dir: &Path, args: &Args) -> anyhow::Result<Vec<(usize, usize)>> {
+    let per_ns_svcs = args.services_per_ns();
     let mut pod_ids = Vec::new();
     for ns in 0..NAMESPACES {
         let nsdir = dir.join(format!("ns-{ns}"));
@@ -226,7 +232,7 @@ fn write_cluster(dir: &Path, pods: usize, services: usize) -> anyhow::Result<Vec
             ));
         }
         std::fs::write(nsdir.join("namespace.yaml"), head)?;
-        for i in 0..per_ns_pods.min(1_000) {
+        for i in 0..args.pods_per_ns() {
             std::fs::write(
                 nsdir.join(format!("pod-{i}.yaml")),
                 pod_yaml(ns, i, 0, per_ns_svcs),
@@ -349,7 +355,7 @@ async fn main() -> anyhow::Result<()> {
         format!("tokens:\n- token: {STORM_TOKEN}\n  identity: {STORM_IDENTITY}\n"),
     )?;
     let t = Instant::now();
-    let pod_ids = write_cluster(&dir, args.pods, args.services)?;
+    let pod_ids = write_cluster(&dir, &args)?;
     eprintln!(
         "wrote {} pods / {} services in {:?}",
         pod_ids.len(),

@@ -25,10 +25,6 @@ use tonic::Status;
 
 use super::{XdsServer, MAX_RECV_MESSAGE_SIZE};
 
-/// The gRPC path of the delta ADS method.
-pub const DELTA_PATH: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
-
 type BoxFuture<T> = Pin<Box<dyn Future<Output = Result<T, Infallible>> + Send>>;
 
 /// The ADS service: delta through [`FramedBody`], everything else through tonic's server.
@@ -74,7 +70,7 @@ impl<S: XdsSnapshot> Service<http::Request<tonic::body::Body>> for AdsService<S>
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        if req.uri().path() == DELTA_PATH {
+        if req.uri().path() == mesh_proto::DELTA_ADS_PATH {
             let server = self.server.clone();
             Box::pin(async move { Ok(serve_delta(&server, req)) })
         } else {
