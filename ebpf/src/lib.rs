@@ -42,6 +42,7 @@
 
 mod capture;
 mod programs;
+mod sockmap;
 mod sysctl;
 mod tc;
 
@@ -49,6 +50,10 @@ use mesh_capture::netns::EnterError;
 
 pub use capture::{Capture, CaptureOptions};
 pub use programs::{object, Programs, PROGRAM_NAMES};
+pub use sockmap::{
+    cgroup2_root, sockmap_object, Sockmap, SockmapError, SockmapStats, DEFAULT_CGROUP2_MOUNT,
+    SOCKMAP_PROGRAM_NAMES, SOCK_HASH_NAMES,
+};
 
 /// `bpf` filter names (`tc filter show`): pod ingress, pod egress, lo ingress. aya names a
 /// filter after its program, so these are [`PROGRAM_NAMES`].
