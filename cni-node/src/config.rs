@@ -14,6 +14,8 @@
 //! | `AMBIENT_ENABLED` | `true` | enroll pods at all (chart `ambient.enabled`; the cni chart sets it, `true` under the ambient profile) |
 //! | `EXCLUDE_NAMESPACES` (older name `EXCLUDED_NAMESPACES`) | `kube-system` | comma-separated namespaces never enrolled (chart `excludeNamespaces`) |
 //! | `AMBIENT_DNS_CAPTURE` | `true` | capture DNS by default (chart `ambient.dnsCapture`) |
+//! | `AMBIENT_SOCKMAP` | `false` | pair the in-pod legs of mesh connections socket to socket (sockmap / sk_msg, this project's option, no istio-cni equivalent); without kernel support the agent warns and runs without it |
+//! | `AMBIENT_SOCKMAP_CGROUP` | the first cgroup v2 mount, else one mounted at `/run/mesh-cni/cgroup2` | with `AMBIENT_SOCKMAP`: the cgroup v2 directory whose sockets (and those of its descendants) are paired |
 //! | `AMBIENT_RECONCILE_POD_RULES_ON_STARTUP` | `true` | re-apply the capture of recorded pods at start (chart `ambient.reconcileIptablesOnStartup`) |
 //! | `NODE_NAME` | unset | this node; with it, selected pods on this node that the agent has no record of are looked up in `/proc` |
 //! | `HOST_PROC` | `/proc` | the host's procfs (the chart mounts it at `/host/proc`) |
@@ -38,6 +40,8 @@ pub const EXCLUDE_NAMESPACES: &str = "EXCLUDE_NAMESPACES";
 /// The name istio-cni used for [`EXCLUDE_NAMESPACES`] before; still read when that is unset.
 pub const EXCLUDED_NAMESPACES: &str = "EXCLUDED_NAMESPACES";
 pub const AMBIENT_DNS_CAPTURE: &str = "AMBIENT_DNS_CAPTURE";
+pub const AMBIENT_SOCKMAP: &str = "AMBIENT_SOCKMAP";
+pub const AMBIENT_SOCKMAP_CGROUP: &str = "AMBIENT_SOCKMAP_CGROUP";
 pub const AMBIENT_RECONCILE_POD_RULES_ON_STARTUP: &str = "AMBIENT_RECONCILE_POD_RULES_ON_STARTUP";
 pub const NODE_NAME: &str = "NODE_NAME";
 pub const KUBECONFIG: &str = "KUBECONFIG";
@@ -77,6 +81,10 @@ pub struct Config {
     pub node_name: Option<String>,
     pub host_proc: PathBuf,
     pub redirection: RedirectionMode,
+    /// Pair the in-pod legs socket to socket.
+    pub sockmap: bool,
+    /// The cgroup v2 directory of the sockmap's `sock_ops` program (`None`: discover or mount).
+    pub sockmap_cgroup: Option<PathBuf>,
 }
 
 /// One bad variable.
@@ -254,6 +262,8 @@ impl Config {
             node_name: v.get(NODE_NAME).map(str::to_string),
             host_proc: v.path(HOST_PROC, "/proc"),
             redirection: v.redirection_mode(),
+            sockmap: v.bool(AMBIENT_SOCKMAP, false),
+            sockmap_cgroup: v.get(AMBIENT_SOCKMAP_CGROUP).map(PathBuf::from),
         };
         match v.errors.is_empty() {
             true => Ok(config),
@@ -289,6 +299,8 @@ mod tests {
         assert_eq!(config.readiness_addr.port(), 8000);
         assert_eq!(config.selection, SelectionConfig::default());
         assert!(config.reconcile_on_start);
+        assert!(!config.sockmap, "sockmap is off by default");
+        assert_eq!(config.sockmap_cgroup, None);
         assert_eq!(config.node_name, None);
         let json = serde_json::to_value(&config).expect("serialize");
         assert_eq!(json["zdsSocket"], "/var/run/ztunnel/ztunnel.sock");
@@ -305,8 +317,15 @@ mod tests {
             (AMBIENT_RECONCILE_POD_RULES_ON_STARTUP, "0"),
             (AGENT_READINESS_ADDR, "127.0.0.1:0"),
             (NODE_NAME, "node1"),
+            (AMBIENT_SOCKMAP, "true"),
+            (AMBIENT_SOCKMAP_CGROUP, "/sys/fs/cgroup/kubepods"),
         ]))
         .expect("ok");
+        assert!(config.sockmap);
+        assert_eq!(
+            config.sockmap_cgroup,
+            Some(PathBuf::from("/sys/fs/cgroup/kubepods"))
+        );
         assert_eq!(config.zds_socket, PathBuf::from("/tmp/z.sock"));
         assert_eq!(
             config.selection.excluded_namespaces,

@@ -34,7 +34,7 @@ use cni_node::redirect::{
 use cni_node::state::{render_table, StateStore};
 use cni_node::zds_server::ZdsServer;
 use mesh_source::{ClusterSource, DirectoryOptions, DirectorySource, KubeSource};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// The istio-cni node agent for ambient mode.
 #[derive(Debug, Parser)]
@@ -325,16 +325,112 @@ fn block_on(work: impl std::future::Future<Output = Result<(), MainError>>) -> E
     }
 }
 
-/// The capture chosen by `REDIRECTION_MODE`, with the node's probe SNAT kept in step.
-fn redirector(config: &Config) -> Result<Arc<dyn Redirector>, MainError> {
-    let inner: Arc<dyn Redirector> = match config.redirection {
+/// The capture chosen by `REDIRECTION_MODE`, with the node's probe SNAT kept in step and, with
+/// `AMBIENT_SOCKMAP`, the pods' addresses in the sockmap programs.
+fn redirector(
+    config: &Config,
+    sockmap: Option<&Arc<SockmapHandle>>,
+) -> Result<Arc<dyn Redirector>, MainError> {
+    let mut inner: Arc<dyn Redirector> = match config.redirection {
         RedirectionMode::Nftables => Arc::new(NftablesRedirector::new()),
         RedirectionMode::Ebpf => ebpf_redirector()?,
     };
+    if let Some(sockmap) = sockmap {
+        inner = with_sockmap(inner, sockmap);
+    }
     let probes = HostProbeSnat::new(HostProbeConfig::default());
     let with_probes = WithProbeSnat::new(inner, probes).map_err(MainError::ProbeSnat)?;
     tracing::info!(mode = with_probes.name(), "pod capture");
     Ok(Arc::new(with_probes))
+}
+
+#[cfg(feature = "ebpf")]
+type SockmapHandle = mesh_ebpf::Sockmap;
+#[cfg(not(feature = "ebpf"))]
+type SockmapHandle = ();
+
+/// With `AMBIENT_SOCKMAP`: the sockmap programs, loaded on `AMBIENT_SOCKMAP_CGROUP` or else the
+/// first cgroup v2 hierarchy (one is mounted when the machine has none). Without kernel support (or without the `ebpf`
+/// feature) the agent warns and runs without them: every connection keeps TCP.
+#[cfg(feature = "ebpf")]
+fn load_sockmap(config: &Config) -> Option<Arc<SockmapHandle>> {
+    if !config.sockmap {
+        return None;
+    }
+    let cgroup = match &config.sockmap_cgroup {
+        Some(dir) => Ok(dir.clone()),
+        None => mesh_ebpf::cgroup2_root(std::path::Path::new(mesh_ebpf::DEFAULT_CGROUP2_MOUNT)),
+    };
+    let loaded = cgroup.and_then(|cgroup| mesh_ebpf::Sockmap::load(&cgroup));
+    match loaded {
+        Ok(sockmap) => {
+            tracing::info!(cgroup = %sockmap.cgroup().display(), "sockmap: in-pod legs go socket to socket");
+            Some(Arc::new(sockmap))
+        }
+        Err(error) => {
+            warn!(
+                reason = error.reason(),
+                "sockmap unavailable, in-pod legs keep TCP: {error}"
+            );
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "ebpf"))]
+fn load_sockmap(config: &Config) -> Option<Arc<SockmapHandle>> {
+    if config.sockmap {
+        warn!(
+            reason = "not_built",
+            "sockmap unavailable, in-pod legs keep TCP: cni-node was built without its ebpf feature"
+        );
+    }
+    None
+}
+
+#[cfg(feature = "ebpf")]
+fn with_sockmap(inner: Arc<dyn Redirector>, sockmap: &Arc<SockmapHandle>) -> Arc<dyn Redirector> {
+    Arc::new(cni_node::redirect::WithSockmap::new(inner, sockmap.clone()))
+}
+
+#[cfg(not(feature = "ebpf"))]
+fn with_sockmap(inner: Arc<dyn Redirector>, _sockmap: &Arc<SockmapHandle>) -> Arc<dyn Redirector> {
+    inner
+}
+
+/// `GET /debug/sockmap` on the readiness port: the programs' counters as JSON.
+#[cfg(feature = "ebpf")]
+fn sockmap_routes(sockmap: Option<Arc<SockmapHandle>>) -> axum::Router {
+    use axum::http::StatusCode;
+    let Some(sockmap) = sockmap else {
+        return axum::Router::new();
+    };
+    let stats = move || {
+        let sockmap = sockmap.clone();
+        async move {
+            match sockmap.stats() {
+                Ok(s) => (
+                    StatusCode::OK,
+                    serde_json::json!({
+                        "appSockets": s.app_sockets,
+                        "proxySockets": s.proxy_sockets,
+                        "redirectedMessages": s.redirected_msgs,
+                        "redirectedBytes": s.redirected_bytes,
+                        "tcpStreams": s.tcp_streams,
+                        "insertFailed": s.insert_failed,
+                    })
+                    .to_string(),
+                ),
+                Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")),
+            }
+        }
+    };
+    axum::Router::new().route("/debug/sockmap", axum::routing::get(stats))
+}
+
+#[cfg(not(feature = "ebpf"))]
+fn sockmap_routes(_sockmap: Option<Arc<SockmapHandle>>) -> axum::Router {
+    axum::Router::new()
 }
 
 #[cfg(feature = "ebpf")]
@@ -351,7 +447,8 @@ fn ebpf_redirector() -> Result<Arc<dyn Redirector>, MainError> {
 
 async fn serve(config: Config) -> Result<(), MainError> {
     let shutdown = mesh_runtime::signal::on_signals().map_err(MainError::Signals)?;
-    let redirector = redirector(&config)?;
+    let sockmap = load_sockmap(&config);
+    let redirector = redirector(&config, sockmap.as_ref())?;
     let zds = ZdsServer::bind(&config.zds_socket)?;
     let mut options = AgentOptions::from_config(&config);
     let source: Box<dyn ClusterSource> = match &config.cluster_config_dir {
@@ -383,7 +480,12 @@ async fn serve(config: Config) -> Result<(), MainError> {
             addr: config.readiness_addr,
             source,
         })?;
-    tokio::spawn(serve_probes(probes, agent.ready(), shutdown.clone().wait()));
+    tokio::spawn(serve_probes(
+        probes,
+        agent.ready(),
+        sockmap_routes(sockmap),
+        shutdown.clone().wait(),
+    ));
 
     agent.run(events, shutdown.clone().wait()).await;
     let _ = plugin_task.await;

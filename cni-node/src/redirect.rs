@@ -13,6 +13,8 @@ mod routes;
 #[cfg(test)]
 mod tests;
 mod with_probes;
+#[cfg(feature = "ebpf")]
+mod with_sockmap;
 
 /// The decoders of the kernel's nf_tables answers (batch acks, rule dumps), for the fuzzers.
 pub mod answers {
@@ -23,6 +25,8 @@ pub mod answers {
 pub use host_probe::{HostProbeConfig, HostProbeSnat, HOST_TABLE, PROBE_SET_V4, PROBE_SET_V6};
 pub use nftables::NftablesRedirector;
 pub use with_probes::WithProbeSnat;
+#[cfg(feature = "ebpf")]
+pub use with_sockmap::WithSockmap;
 
 /// What redirection needs to know about a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -46,6 +46,8 @@ pub struct ClusterOptions {
     pub ztunnel_env: Vec<(String, String)>,
     /// Environment added to istiod (e.g. `MAX_WORKLOAD_CERT_TTL`), kept across restarts.
     pub istiod_env: Vec<(String, String)>,
+    /// Environment added to every node agent (e.g. `AMBIENT_SOCKMAP`), kept across restarts.
+    pub agent_env: Vec<(String, String)>,
 }
 
 impl ClusterOptions {
@@ -56,6 +58,11 @@ impl ClusterOptions {
 
     pub fn istiod_env(mut self, key: &str, value: &str) -> ClusterOptions {
         self.istiod_env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn agent_env(mut self, key: &str, value: &str) -> ClusterOptions {
+        self.agent_env.push((key.into(), value.into()));
         self
     }
 }
@@ -238,6 +245,15 @@ impl Agent {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// `GET path` on the agent's readiness port (`/debug/sockmap`, say): `(status, body)`.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        http::get(
+            &self.netns,
+            SocketAddr::from((self.ip, AGENT_READINESS_PORT)),
+            path,
+        )
+    }
+
     /// Kills the agent (SIGKILL: no clean-up, as a crash).
     pub fn kill(&mut self) {
         self.child.take();
@@ -341,7 +357,15 @@ impl MeshCluster {
         let mut mesh_nodes = Vec::new();
         for node in made {
             let zt_env = env_refs(&options.ztunnel_env);
-            mesh_nodes.push(start_node(&istiod, node, dir.path(), redirection, &zt_env));
+            let agent_env = env_refs(&options.agent_env);
+            mesh_nodes.push(start_node(
+                &istiod,
+                node,
+                dir.path(),
+                redirection,
+                &zt_env,
+                &agent_env,
+            ));
         }
         for n in &mesh_nodes {
             n.agent.wait_ready(Duration::from_secs(20));
@@ -530,6 +554,7 @@ fn start_node(
     dir: &Path,
     redirection: Redirection,
     ztunnel_env: &[(&str, &str)],
+    agent_env: &[(&str, &str)],
 ) -> MeshNode {
     let node_dir = dir.join(node.name());
     let run_dir = node_dir.join("istio-cni");
@@ -555,6 +580,11 @@ fn start_node(
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
+    .chain(
+        agent_env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+    )
     .collect();
     let mut agent = Agent {
         netns: node.netns().clone(),

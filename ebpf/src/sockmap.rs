@@ -21,7 +21,7 @@
 //!   so a stream never mixes both paths and its bytes stay in order.
 //! - Everything else is TCP as usual: handshakes, FIN (half-close), RST, the original
 //!   destination, marks. ztunnel does not know: it sees the same sockets and peers.
-//! - On ztunnel's tunnel ports (15008) nothing is added: those connections leave the pod.
+//! - Nothing is added on the HBONE port ([`HBONE_PORT`]): those connections leave the pod.
 //! - Connections through a NAT (nftables capture's outbound REDIRECT) never find a partner and
 //!   keep TCP: their ends do not mirror, and pairing them any other way could mix up two
 //!   connections that share a port.
@@ -31,6 +31,7 @@
 //! exits), new connections are no longer added. Connections already paired keep their path
 //! until they close; their sockets hold the programs and maps.
 //!
+//! [`HBONE_PORT`]: mesh_capture::HBONE_PORT
 //! [`PROXY_MARK`]: mesh_capture::PROXY_MARK
 
 use std::net::Ipv4Addr;

@@ -11,16 +11,18 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-/// Serves probes on `listener` until `shutdown` resolves.
+/// Serves probes, and the `extra` routes (debug endpoints), on `listener` until `shutdown`
+/// resolves.
 pub async fn serve_probes(
     listener: TcpListener,
     ready: watch::Receiver<bool>,
+    extra: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, "readiness endpoint /readyz listening");
     }
-    if let Err(error) = axum::serve(listener, probes_router(ready))
+    if let Err(error) = axum::serve(listener, probes_router(ready).merge(extra))
         .with_graceful_shutdown(shutdown)
         .await
     {
@@ -68,7 +70,7 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let (ready, rx) = watch::channel(false);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve_probes(listener, rx, async {
+        let server = tokio::spawn(serve_probes(listener, rx, Router::new(), async {
             let _ = stopped.await;
         }));
         assert_eq!(request(addr, "GET", "/readyz").await.status, 503);

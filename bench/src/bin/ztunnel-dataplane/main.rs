@@ -55,9 +55,23 @@ pub struct Args {
     /// Idle connections held open through the mesh.
     #[arg(long, default_value_t = 10_000)]
     idle_conns: usize,
+    /// In-pod capture of the enrolled pods: `nftables` (istio-cni's REDIRECT rules) or `ebpf`
+    /// (tc programs, no NAT).
+    #[arg(long, value_enum, default_value_t = CaptureMode::Nftables)]
+    capture: CaptureMode,
+    /// Pair the in-pod legs socket to socket (sockmap / sk_msg). With nftables capture only
+    /// the server pod's leg can pair (the outbound REDIRECT is a NAT).
+    #[arg(long)]
+    sockmap: bool,
     /// Internal: run as the echo server on these ports (started inside the server pods).
     #[arg(long, hide = true, value_delimiter = ',')]
     serve_echo: Vec<u16>,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureMode {
+    Nftables,
+    Ebpf,
 }
 
 impl Args {
@@ -137,7 +151,7 @@ fn start_servers(c: &Cluster, scratch: &std::path::Path) -> anyhow::Result<Serve
 fn run(args: &Args) -> anyhow::Result<Results> {
     let scratch = tempfile::tempdir()?;
     eprintln!("starting the cluster (istiod, 2 ztunnels, 4 pods)");
-    let cluster = Cluster::start()?;
+    let cluster = Cluster::start(args.capture, args.sockmap)?;
     let _servers = start_servers(&cluster, scratch.path())?;
     cluster.wait_paths(ECHO_PORT)?;
     // Let start-up work (certificates, xDS) settle before the idle figures.
@@ -150,6 +164,7 @@ fn run(args: &Args) -> anyhow::Result<Results> {
     results.rss_peak = Rss::read(&pids, procfs::peak_rss_mib)?;
     idle_connections(args, &cluster, &mut results)
         .map_err(|e| e.context(format!("idle phase failed; logs:\n{}", cluster.logs())))?;
+    results.sockmap = cluster.sockmap_stats()?;
     Ok(results)
 }
 

@@ -20,6 +20,7 @@ use mesh_testutil::{
 };
 
 use crate::procfs;
+use crate::CaptureMode;
 
 const NAMESPACE: &str = "bench";
 const CLIENT_PRINCIPAL: &str = "spiffe://cluster.local/ns/bench/sa/client";
@@ -47,6 +48,9 @@ pub struct Cluster {
     // Field order is drop order: the processes go before the namespaces they run in.
     ztunnels: Vec<Ztunnel>,
     _zds: Vec<FakeZds>,
+    /// The sockmap programs (detached when dropped) and the eBPF capture, when chosen.
+    sockmap: Option<mesh_ebpf::Sockmap>,
+    _capture: Option<mesh_ebpf::Capture>,
     istiod: Istiod,
     _net: TestNet,
     _dir: tempfile::TempDir,
@@ -64,7 +68,7 @@ impl Cluster {
     /// Builds the topology and starts istiod and both ztunnels (the binaries `bins::binary`
     /// finds: `MESH_BIN_DIR`, else next to this executable) and waits until the ztunnels are
     /// ready. Must be called within a Tokio runtime (the fake node agent runs on it).
-    pub fn start() -> anyhow::Result<Cluster> {
+    pub fn start(capture: CaptureMode, sockmap: bool) -> anyhow::Result<Cluster> {
         let mut net = TestNet::new("zdp")?;
         let nodes = [
             net.add_node("node1", Ipv4Addr::new(172, 30, 0, 1))?,
@@ -76,7 +80,22 @@ impl Cluster {
             "namespace.yaml",
             &namespace_yaml(NAMESPACE, &[("istio.io/dataplane-mode", "ambient")]),
         );
-        let snapshots = add_pods(&mut net, &nodes, &cluster_dir)?;
+        let ebpf = match capture {
+            CaptureMode::Nftables => None,
+            CaptureMode::Ebpf => Some(mesh_ebpf::Capture::new().context("eBPF capture")?),
+        };
+        let sockmap = if sockmap {
+            let cgroup =
+                mesh_ebpf::cgroup2_root(std::path::Path::new(mesh_ebpf::DEFAULT_CGROUP2_MOUNT))?;
+            Some(mesh_ebpf::Sockmap::load(&cgroup)?)
+        } else {
+            None
+        };
+        let capture = PodCapture {
+            ebpf: ebpf.as_ref(),
+            sockmap: sockmap.as_ref(),
+        };
+        let snapshots = add_pods(&mut net, &nodes, &cluster_dir, capture)?;
         let istiod = Istiod::start(
             nodes[0].netns(),
             nodes[0].ip(),
@@ -111,6 +130,8 @@ impl Cluster {
             ztunnel_pids,
             ztunnels,
             _zds: zds,
+            sockmap,
+            _capture: ebpf,
             istiod,
             _net: net,
             _dir: dir,
@@ -147,6 +168,14 @@ impl Cluster {
         Ok(())
     }
 
+    /// The sockmap programs' counters, when `--sockmap` loaded them.
+    pub fn sockmap_stats(&self) -> anyhow::Result<Option<mesh_ebpf::SockmapStats>> {
+        Ok(match &self.sockmap {
+            Some(sockmap) => Some(sockmap.stats()?),
+            None => None,
+        })
+    }
+
     /// The tail of istiod's and both ztunnels' logs, for errors.
     pub fn logs(&self) -> String {
         let tail = |s: String| {
@@ -163,10 +192,19 @@ impl Cluster {
 
 /// Creates the [`PODS`]; the enrolled ones get a Pod in `cluster_dir`, the in-pod capture
 /// rules and a ZDS snapshot entry (returned per node).
+/// How enrolled pods are captured.
+#[derive(Clone, Copy)]
+struct PodCapture<'a> {
+    /// eBPF programs, or else the nftables rules.
+    ebpf: Option<&'a mesh_ebpf::Capture>,
+    sockmap: Option<&'a mesh_ebpf::Sockmap>,
+}
+
 fn add_pods(
     net: &mut TestNet,
     nodes: &[Node; 2],
     cluster_dir: &ClusterDir,
+    capture: PodCapture<'_>,
 ) -> anyhow::Result<[Vec<SnapshotItem>; 2]> {
     let mut snapshots: [Vec<SnapshotItem>; 2] = [Vec::new(), Vec::new()];
     for (i, (name, node_index, enrolled)) in PODS.iter().enumerate() {
@@ -191,7 +229,13 @@ fn add_pods(
                 labels: &[("app", name)],
             }),
         );
-        pod_redirect_rules(&pod, RedirectOptions::default())?;
+        match capture.ebpf {
+            Some(ebpf) => ebpf.enroll(&pod.netns().path())?,
+            None => pod_redirect_rules(&pod, RedirectOptions::default())?,
+        }
+        if let Some(sockmap) = capture.sockmap {
+            sockmap.add_pod(ip)?;
+        }
         snapshots[*node_index].push(SnapshotItem::add(
             &format!("uid-{name}"),
             workload_info(name, NAMESPACE, name),
