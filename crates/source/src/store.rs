@@ -29,7 +29,7 @@ pub(crate) enum Change {
 pub(crate) struct Store {
     /// The watched root (files under its status directory hold status, not objects).
     root: PathBuf,
-    files: BTreeMap<PathBuf, BTreeMap<ObjectKey, Loaded>>,
+    files: BTreeMap<PathBuf, FileObjects>,
     /// Files defining each key, in the order they started to; the first one wins.
     owners: HashMap<ObjectKey, Vec<PathBuf>>,
     /// Status files for each key, in the same order; the first one's status applies.
@@ -37,7 +37,41 @@ pub(crate) struct Store {
 }
 
 /// The new contents of one file (`None`: the file is gone).
-type Update = (PathBuf, Option<BTreeMap<ObjectKey, Loaded>>);
+type Update = (PathBuf, Option<FileObjects>);
+
+/// The objects of one file by key. Most files define one object, so a sorted vector: a tree
+/// would allocate a whole node for each file.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FileObjects(Vec<(ObjectKey, Loaded)>);
+
+impl FileObjects {
+    fn position(&self, key: &ObjectKey) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.cmp(key))
+    }
+
+    pub(crate) fn get(&self, key: &ObjectKey) -> Option<&Loaded> {
+        self.position(key).ok().map(|i| &self.0[i].1)
+    }
+
+    fn contains_key(&self, key: &ObjectKey) -> bool {
+        self.position(key).is_ok()
+    }
+
+    /// Adds `loaded` under `key` unless the key is there already.
+    fn insert_new(&mut self, key: ObjectKey, loaded: Loaded) {
+        if let Err(i) = self.position(&key) {
+            self.0.insert(i, (key, loaded));
+        }
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.0.iter().map(|(key, _)| key)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &Loaded)> {
+        self.0.iter().map(|(key, loaded)| (key, loaded))
+    }
+}
 
 impl Store {
     /// A store for the files of the directory `root`.
@@ -101,7 +135,7 @@ impl Store {
         path: &Path,
         parsed: ParsedFile,
         errors: &mut Vec<SourceError>,
-    ) -> Option<BTreeMap<ObjectKey, Loaded>> {
+    ) -> Option<FileObjects> {
         let ParsedFile {
             objects,
             kept,
@@ -113,20 +147,22 @@ impl Store {
             return None;
         }
         let old = self.files.get(path);
-        let mut new: BTreeMap<ObjectKey, Loaded> = BTreeMap::new();
+        let mut new = FileObjects::default();
         for loaded in objects {
             let key = loaded.object.key();
             if let Some(first) = new.get(&key) {
                 errors.push(duplicate(path, &loaded, key, path, first.line));
                 continue;
             }
-            new.insert(key, loaded);
+            new.insert_new(key, loaded);
         }
         for key in kept {
             if let Some(previous) = old.and_then(|o| o.get(&key)) {
-                new.entry(key).or_insert_with(|| previous.clone());
+                let previous = previous.clone();
+                new.insert_new(key, previous);
             }
         }
+        new.0.shrink_to_fit();
         Some(new)
     }
 
@@ -147,9 +183,9 @@ impl Store {
     }
 
     /// Replaces what `path` defines and updates the owner lists.
-    fn replace(&mut self, path: &Path, objects: Option<BTreeMap<ObjectKey, Loaded>>) {
+    fn replace(&mut self, path: &Path, objects: Option<FileObjects>) {
         let old = self.files.remove(path).unwrap_or_default();
-        let empty = BTreeMap::new();
+        let empty = FileObjects::default();
         let new = objects.as_ref().unwrap_or(&empty);
         let owners = self.owners_of(path);
         for key in old.keys().filter(|k| !new.contains_key(*k)) {
@@ -177,7 +213,7 @@ impl Store {
             if crate::scan::is_status(&self.root, path) {
                 continue;
             }
-            for (key, loaded) in objects.iter().flatten() {
+            for (key, loaded) in objects.iter().flat_map(FileObjects::iter) {
                 let Some(first) = self.owners.get(key).and_then(|f| f.first()) else {
                     continue;
                 };

@@ -355,14 +355,14 @@ impl Model {
 
 fn alias(index: &mut AliasIndex, r: &Resource) {
     for a in &r.aliases {
-        index.entry(a.clone()).or_default().insert(r.name.clone());
+        Arc::make_mut(index.entry(a.clone()).or_default()).insert(r.name.clone());
     }
 }
 
 fn unalias(index: &mut AliasIndex, r: &Resource) {
     for a in &r.aliases {
         if let Some(names) = index.get_mut(a) {
-            names.remove(&r.name);
+            Arc::make_mut(names).remove(&r.name);
             if names.is_empty() {
                 index.remove(a);
             }

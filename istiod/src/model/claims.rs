@@ -9,7 +9,8 @@ use mesh_api::ObjectKey;
 #[derive(Debug, Default)]
 pub(crate) struct Claims {
     owner: HashMap<String, ObjectKey>,
-    held: HashMap<ObjectKey, BTreeSet<String>>,
+    /// Sorted; usually one or two keys, so a vector rather than a tree node per object.
+    held: HashMap<ObjectKey, Vec<String>>,
     waiters: HashMap<String, BTreeSet<ObjectKey>>,
 }
 
@@ -27,10 +28,10 @@ impl Claims {
     pub fn claim_each(&mut self, who: &ObjectKey, keys: &BTreeSet<String>) -> ClaimOutcome {
         let mut out = ClaimOutcome::default();
         let old = self.held.remove(who).unwrap_or_default();
-        for key in old.difference(keys) {
+        for key in old.iter().filter(|key| !keys.contains(*key)) {
             self.release_key(key, &mut out.woken);
         }
-        let mut held = BTreeSet::new();
+        let mut held = Vec::new();
         for key in keys {
             match self.owner.get(key) {
                 Some(owner) if owner != who => {
@@ -42,11 +43,12 @@ impl Claims {
                 }
                 _ => {
                     self.owner.insert(key.clone(), who.clone());
-                    held.insert(key.clone());
+                    held.push(key.clone());
                 }
             }
         }
         if !held.is_empty() {
+            held.shrink_to_fit();
             self.held.insert(who.clone(), held);
         }
         out

@@ -1,5 +1,6 @@
 //! The immutable, versioned output of the model: what the xDS server serves.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use mesh_proto::type_url;
@@ -17,8 +18,10 @@ use crate::envoy::{ProxyResources, WaypointKey};
 /// How many recent versions' change sets a snapshot remembers for [`XdsSnapshot::changes_since`].
 pub const CHANGE_LOG_LEN: usize = 64;
 
-/// Alias (`network/IP`) -> resource names, for on-demand WDS.
-pub(crate) type AliasIndex = imbl::OrdMap<String, imbl::OrdSet<String>>;
+/// Alias (`network/IP`) -> resource names, for on-demand WDS. Almost every alias names one
+/// resource, so the names are a small shared set (a persistent set would allocate a whole
+/// 64-entry node for each); a change copies only that alias's set.
+pub(crate) type AliasIndex = imbl::OrdMap<String, Arc<BTreeSet<String>>>;
 
 /// One version of everything istiod serves to ztunnels. Cheap to clone and share: every map is
 /// a persistent (structurally shared) map.
