@@ -359,7 +359,10 @@ fn load_sockmap(config: &Config) -> Option<Arc<SockmapHandle>> {
     }
     let cgroup = match &config.sockmap_cgroup {
         Some(dir) => Ok(dir.clone()),
-        None => mesh_ebpf::cgroup2_root(std::path::Path::new(mesh_ebpf::DEFAULT_CGROUP2_MOUNT)),
+        None => {
+            warn_if_own_cgroup_namespace(&config.host_proc);
+            mesh_ebpf::cgroup2_root(std::path::Path::new(mesh_ebpf::DEFAULT_CGROUP2_MOUNT))
+        }
     };
     let loaded = cgroup.and_then(|cgroup| mesh_ebpf::Sockmap::load(&cgroup));
     match loaded {
@@ -373,6 +376,22 @@ fn load_sockmap(config: &Config) -> Option<Arc<SockmapHandle>> {
                 "sockmap unavailable, in-pod legs keep TCP: {error}"
             );
             None
+        }
+    }
+}
+
+/// In a cgroup namespace of its own (a container), the agent's cgroup v2 root holds only the
+/// agent, so the program would see no pod's socket.
+#[cfg(feature = "ebpf")]
+fn warn_if_own_cgroup_namespace(host_proc: &std::path::Path) {
+    let own = std::fs::read_link("/proc/self/ns/cgroup");
+    let host = std::fs::read_link(host_proc.join("1/ns/cgroup"));
+    if let (Ok(own), Ok(host)) = (own, host) {
+        if own != host {
+            warn!(
+                "sockmap: the agent runs in a cgroup namespace of its own, whose root holds no \
+                 pod; mount the host's cgroup v2 root into it and set AMBIENT_SOCKMAP_CGROUP"
+            );
         }
     }
 }
@@ -402,6 +421,7 @@ fn with_sockmap(inner: Arc<dyn Redirector>, _sockmap: &Arc<SockmapHandle>) -> Ar
 #[cfg(feature = "ebpf")]
 fn sockmap_routes(sockmap: Option<Arc<SockmapHandle>>) -> axum::Router {
     use axum::http::StatusCode;
+    use axum::response::IntoResponse;
     let Some(sockmap) = sockmap else {
         return axum::Router::new();
     };
@@ -409,19 +429,18 @@ fn sockmap_routes(sockmap: Option<Arc<SockmapHandle>>) -> axum::Router {
         let sockmap = sockmap.clone();
         async move {
             match sockmap.stats() {
-                Ok(s) => (
-                    StatusCode::OK,
-                    serde_json::json!({
+                Ok(s) => axum::Json(serde_json::json!({
                         "appSockets": s.app_sockets,
                         "proxySockets": s.proxy_sockets,
                         "redirectedMessages": s.redirected_msgs,
                         "redirectedBytes": s.redirected_bytes,
                         "tcpStreams": s.tcp_streams,
                         "insertFailed": s.insert_failed,
-                    })
-                    .to_string(),
-                ),
-                Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")),
+                }))
+                .into_response(),
+                Err(error) => {
+                    (StatusCode::INTERNAL_SERVER_ERROR, format!("{error}\n")).into_response()
+                }
             }
         }
     };

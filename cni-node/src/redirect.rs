@@ -53,6 +53,9 @@ pub trait Redirector: Send + Sync + 'static {
     fn is_enrolled(&self, pod: &PodNetwork) -> Result<bool, RedirectError>;
     /// Short name for logs and status (`nftables`, `ebpf`).
     fn name(&self) -> &'static str;
+    /// `pod` was captured before this agent started and its rules are kept as they are (no
+    /// reconciliation at start): take up whatever the redirector keeps in memory for it.
+    fn adopt(&self, _pod: &PodNetwork) {}
 }
 
 /// Why capture could not be changed.

@@ -9,7 +9,8 @@
 //   the two ends of one local TCP connection (whose 4-tuples mirror each other) share a key.
 // - mesh_sk_msg (sk_msg, on both sock hashes): a send is queued straight into the other end's
 //   receive queue when that end is in the other hash. A socket whose first send finds no
-//   partner sends over TCP for its whole life, so no stream ever mixes both paths.
+//   partner sends over TCP for its whole life, so a stream never mixes both paths while its
+//   partner lives (once the partner closed, sends go to TCP, which reports the close).
 //
 // Compiled with `clang -O2 -g -target bpf` from the uapi headers only; maps are BTF-defined.
 
@@ -169,8 +170,10 @@ int mesh_sockops(struct bpf_sock_ops *ops)
 	state->role = role;
 	state->sends = 0;
 	void *hash = role == ROLE_PROXY ? (void *)&mesh_proxy_socks : (void *)&mesh_app_socks;
-	if (bpf_sock_hash_update(ops, hash, &key, BPF_NOEXIST) != 0) {
-		// Full, or the key is taken: this socket keeps the TCP path.
+	// BPF_ANY: no other live socket of this netns has the same 4-tuple, so an entry under the
+	// key is a stale one (a reset socket the app has not closed yet) and is replaced.
+	if (bpf_sock_hash_update(ops, hash, &key, BPF_ANY) != 0) {
+		// Full: this socket keeps the TCP path.
 		state->sends = SEND_TCP;
 		count(STAT_INSERT_FAILED, 1);
 		return 1;

@@ -33,6 +33,10 @@
 //! talks rtnetlink itself (clsact qdiscs, `bpf` filters at priority [`TC_FILTER_PRIORITY`] handle
 //! 1 named [`FILTER_NAMES`], rule, route) from a thread inside the pod's namespace.
 //!
+//! [`Sockmap`] is the separate, experimental option that pairs a pod's local TCP legs socket to
+//! socket (`sock_ops` and `sk_msg` programs on a cgroup v2, `bpf/sockmap.bpf.c`); unlike
+//! capture it does need a cgroup, and the module documents why it is off by default.
+//!
 //! [`CAPTURE_MARK`]: mesh_capture::CAPTURE_MARK
 //! [`EBPF_RULE_PREF`]: mesh_capture::EBPF_RULE_PREF
 //! [`INBOUND_CAPTURE_PORT`]: mesh_capture::INBOUND_CAPTURE_PORT

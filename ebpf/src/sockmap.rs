@@ -18,13 +18,22 @@
 //! - `mesh_sk_msg` (an `sk_msg` program on both hashes) queues a send straight into the receive
 //!   queue of the other end, when it is in the other hash. A socket whose first send finds no
 //!   partner (the other end is not accelerated, or not there yet) keeps TCP for its whole life,
-//!   so a stream never mixes both paths and its bytes stay in order.
+//!   so a stream never mixes both paths while its partner lives and its bytes stay in order.
+//!   Once the partner closed, sends go to TCP, which reports the close as it would.
 //! - Everything else is TCP as usual: handshakes, FIN (half-close), RST, the original
 //!   destination, marks. ztunnel does not know: it sees the same sockets and peers.
 //! - Nothing is added on the HBONE port ([`HBONE_PORT`]): those connections leave the pod.
 //! - Connections through a NAT (nftables capture's outbound REDIRECT) never find a partner and
 //!   keep TCP: their ends do not mirror, and pairing them any other way could mix up two
 //!   connections that share a port.
+//!
+//! # Limits of the kernel's sockmap path (why the option is off by default)
+//! - **No per-socket backpressure.** Redirected bytes are charged to the receiving socket with
+//!   no limit of its own, only the machine-wide TCP memory: a sender faster than its reader
+//!   queues until that limit, and its `write` then fails with `ENOMEM`.
+//! - **Spurious `EAGAIN` on blocking reads.** A blocking read of a socket in a sock hash returns
+//!   `EAGAIN` when woken without data (plain TCP waits again). Event-loop programs retry;
+//!   a program that takes `EAGAIN` from a blocking socket for an error breaks.
 //!
 //! # Lifetime
 //! The `sock_ops` link belongs to the [`Sockmap`] value: when it is dropped (or the agent
@@ -43,6 +52,8 @@ pub const SOCKMAP_PROGRAM_NAMES: [&str; 2] = ["mesh_sockops", "mesh_sk_msg"];
 pub const SOCK_HASH_NAMES: [&str; 2] = ["mesh_app_socks", "mesh_proxy_socks"];
 const PODS_MAP: &str = "mesh_pods";
 const STATS_MAP: &str = "mesh_sockmap_stats";
+/// Counters in `mesh_sockmap_stats` (`enum stat` of the program).
+const STAT_COUNT: usize = 6;
 /// Where the agent mounts a cgroup v2 hierarchy when the machine has none mounted.
 pub const DEFAULT_CGROUP2_MOUNT: &str = "/run/mesh-cni/cgroup2";
 
@@ -273,7 +284,7 @@ mod loaded {
     use aya::maps::{HashMap, MapData, PerCpuArray, SockHash};
     use aya::programs::{CgroupAttachMode, SkMsg, SockOps};
 
-    use super::{SockmapError, SockmapStats, PODS_MAP, SOCK_HASH_NAMES, STATS_MAP};
+    use super::{SockmapError, SockmapStats, PODS_MAP, SOCK_HASH_NAMES, STATS_MAP, STAT_COUNT};
 
     /// A sock hash key: netns cookie, app IP, peer IP, app port, peer port (`struct pair_key`).
     pub(super) type PairKey = [u8; 24];
@@ -408,7 +419,7 @@ mod loaded {
         }
 
         pub(super) fn stats(&self) -> Result<SockmapStats, SockmapError> {
-            let mut values = [0u64; 6];
+            let mut values = [0u64; STAT_COUNT];
             for (index, value) in (0u32..).zip(values.iter_mut()) {
                 let per_cpu = self
                     .stats

@@ -225,3 +225,42 @@ fn a_directory_that_is_no_cgroup_is_refused() {
     assert_eq!(error.reason(), "attach");
     assert!(error.to_string().contains("cgroup v2"), "{error}");
 }
+
+/// Connects from ip:port (a fixed source port) inside the namespace and accepts.
+fn pair_from(netns: &Netns, listener: &TcpListener, from: SocketAddr) -> (TcpStream, TcpStream) {
+    let addr = listener.local_addr().expect("listener address");
+    let client = netns
+        .run(move || {
+            let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+            socket.set_reuse_address(true)?;
+            socket.bind(&from.into())?;
+            socket.connect(&addr.into())?;
+            Ok::<_, std::io::Error>(TcpStream::from(socket))
+        })
+        .expect("enter the pod")
+        .expect("connect from a fixed port");
+    let (accepted, _) = listener.accept().expect("accept");
+    (client, accepted)
+}
+
+#[test]
+fn a_reset_socket_left_open_does_not_take_the_bytes_of_a_new_connection() {
+    if !have_root("a_reset_socket_left_open_does_not_take_the_bytes_of_a_new_connection") {
+        return;
+    }
+    let f = fixture("sks", 13);
+    let listener = listen(&f.netns, f.ip, true);
+    let from = SocketAddr::from((f.ip, 40_000));
+    let (old_app, old_proxy) = pair_from(&f.netns, &listener, from);
+    // ztunnel's end resets; the application has not closed its socket, so the socket stays in
+    // its hash under the connection's key.
+    socket2::SockRef::from(&old_proxy)
+        .set_linger(Some(std::time::Duration::ZERO))
+        .expect("linger 0");
+    drop(old_proxy);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    // A new connection with the same 4-tuple: its bytes reach its own application socket.
+    let (app, proxy) = pair_from(&f.netns, &listener, from);
+    exchange(proxy, app, pattern(9), pattern(10));
+    drop(old_app);
+}

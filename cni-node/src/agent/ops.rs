@@ -361,7 +361,10 @@ pub(super) async fn restore(inner: &Inner) -> Result<RestoreSummary, AgentError>
         if record.redirection.is_some() {
             let reapplied = match inner.options.reconcile_on_start {
                 true => redirect(inner, Op::Enroll, &record).await,
-                false => Ok(()),
+                false => {
+                    inner.redirector.adopt(&network(&record));
+                    Ok(())
+                }
             };
             match reapplied {
                 Ok(()) => {

@@ -61,4 +61,8 @@ impl Redirector for WithProbeSnat {
     fn name(&self) -> &'static str {
         self.inner.name()
     }
+
+    fn adopt(&self, pod: &PodNetwork) {
+        self.inner.adopt(pod);
+    }
 }

@@ -30,11 +30,8 @@ impl WithSockmap {
     pub fn new(inner: Arc<dyn Redirector>, sockmap: Arc<Sockmap>) -> WithSockmap {
         WithSockmap { inner, sockmap }
     }
-}
 
-impl Redirector for WithSockmap {
-    fn enroll(&self, pod: &PodNetwork) -> Result<(), RedirectError> {
-        self.inner.enroll(pod)?;
+    fn add_addresses(&self, pod: &PodNetwork) {
         for ip in &pod.ips {
             if let IpAddr::V4(ip) = ip {
                 if let Err(error) = self.sockmap.add_pod(*ip) {
@@ -42,6 +39,13 @@ impl Redirector for WithSockmap {
                 }
             }
         }
+    }
+}
+
+impl Redirector for WithSockmap {
+    fn enroll(&self, pod: &PodNetwork) -> Result<(), RedirectError> {
+        self.inner.enroll(pod)?;
+        self.add_addresses(pod);
         Ok(())
     }
 
@@ -62,5 +66,10 @@ impl Redirector for WithSockmap {
 
     fn name(&self) -> &'static str {
         self.inner.name()
+    }
+
+    fn adopt(&self, pod: &PodNetwork) {
+        self.inner.adopt(pod);
+        self.add_addresses(pod);
     }
 }

@@ -57,11 +57,11 @@ impl FileObjects {
         self.position(key).is_ok()
     }
 
-    /// Adds `loaded` under `key` unless the key is there already.
-    fn insert_new(&mut self, key: ObjectKey, loaded: Loaded) {
-        if let Err(i) = self.position(&key) {
-            self.0.insert(i, (key, loaded));
-        }
+    /// From entries with distinct keys, in any order.
+    fn from_unique(mut entries: Vec<(ObjectKey, Loaded)>) -> FileObjects {
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        entries.shrink_to_fit();
+        FileObjects(entries)
     }
 
     fn keys(&self) -> impl Iterator<Item = &ObjectKey> {
@@ -147,23 +147,28 @@ impl Store {
             return None;
         }
         let old = self.files.get(path);
-        let mut new = FileObjects::default();
+        // The first definition of a key wins; the line of each key's first definition.
+        let mut first_lines: HashMap<ObjectKey, usize> = HashMap::new();
+        let mut entries = Vec::new();
         for loaded in objects {
             let key = loaded.object.key();
-            if let Some(first) = new.get(&key) {
-                errors.push(duplicate(path, &loaded, key, path, first.line));
+            if let Some(&first_line) = first_lines.get(&key) {
+                errors.push(duplicate(path, &loaded, key, path, first_line));
                 continue;
             }
-            new.insert_new(key, loaded);
+            first_lines.insert(key.clone(), loaded.line);
+            entries.push((key, loaded));
         }
         for key in kept {
+            if first_lines.contains_key(&key) {
+                continue;
+            }
             if let Some(previous) = old.and_then(|o| o.get(&key)) {
-                let previous = previous.clone();
-                new.insert_new(key, previous);
+                first_lines.insert(key.clone(), previous.line);
+                entries.push((key, previous.clone()));
             }
         }
-        new.0.shrink_to_fit();
-        Some(new)
+        Some(FileObjects::from_unique(entries))
     }
 
     /// Keys defined before or after by the updated files, each once, in file order.
@@ -188,7 +193,7 @@ impl Store {
         let empty = FileObjects::default();
         let new = objects.as_ref().unwrap_or(&empty);
         let owners = self.owners_of(path);
-        for key in old.keys().filter(|k| !new.contains_key(*k)) {
+        for key in old.keys().filter(|k| !new.contains_key(k)) {
             if let Some(files) = owners.get_mut(key) {
                 files.retain(|f| f != path);
                 if files.is_empty() {
@@ -196,7 +201,7 @@ impl Store {
                 }
             }
         }
-        for key in new.keys().filter(|k| !old.contains_key(*k)) {
+        for key in new.keys().filter(|k| !old.contains_key(k)) {
             owners
                 .entry(key.clone())
                 .or_default()

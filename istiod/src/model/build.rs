@@ -361,7 +361,7 @@ fn alias(index: &mut AliasIndex, r: &Resource) {
 
 fn unalias(index: &mut AliasIndex, r: &Resource) {
     for a in &r.aliases {
-        if let Some(names) = index.get_mut(a) {
+        if let Some(names) = index.get_mut(a).filter(|names| names.contains(&r.name)) {
             Arc::make_mut(names).remove(&r.name);
             if names.is_empty() {
                 index.remove(a);

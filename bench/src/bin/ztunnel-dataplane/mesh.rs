@@ -190,8 +190,6 @@ impl Cluster {
     }
 }
 
-/// Creates the [`PODS`]; the enrolled ones get a Pod in `cluster_dir`, the in-pod capture
-/// rules and a ZDS snapshot entry (returned per node).
 /// How enrolled pods are captured.
 #[derive(Clone, Copy)]
 struct PodCapture<'a> {
@@ -200,6 +198,9 @@ struct PodCapture<'a> {
     sockmap: Option<&'a mesh_ebpf::Sockmap>,
 }
 
+/// Creates the [`PODS`]; the enrolled ones get a Pod in `cluster_dir`, the in-pod capture
+/// (nftables rules or eBPF programs, and the sockmap's pod address) and a ZDS snapshot entry
+/// (returned per node).
 fn add_pods(
     net: &mut TestNet,
     nodes: &[Node; 2],
