@@ -1,10 +1,5 @@
 //! `DeltaAggregatedResources` served with a response body of our own: every message is framed
-//! (5-byte gRPC prefix + protobuf) in buffers of its own that are freed as soon as they are
-//! sent. A large message (a full state) is encoded a chunk at a time as the stream has room:
-//! first the prefix and every field but the resources, then the resources, each as its own
-//! occurrence of the repeated field (protobuf lets fields come in any order, and occurrences of
-//! a repeated field concatenate). Only one chunk of it is ever encoded ahead of the wire, and
-//! each resource is freed once encoded.
+//! (5-byte gRPC prefix + protobuf) in a buffer of its own that is freed as soon as it is sent.
 //!
 //! tonic's generated server encodes all of a stream's messages into one reusable buffer, which
 //! then keeps the size of the largest message (the full state, megabytes in a large mesh) for
@@ -19,7 +14,7 @@ use std::task::{Context, Poll};
 use bytes::{BufMut, Bytes};
 use http_body::Frame;
 use mesh_proto::discovery::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
-use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource};
+use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use mesh_xds::XdsSnapshot;
 use prost::Message;
 use tokio::sync::mpsc;
@@ -117,11 +112,7 @@ fn serve_delta<S: XdsSnapshot>(
     );
     let (conn, rx) = server.open(peer, caller);
     tokio::spawn(conn.run(inbound));
-    let mut resp = http::Response::new(tonic::body::Body::new(FramedBody {
-        rx,
-        sending: None,
-        done: false,
-    }));
+    let mut resp = http::Response::new(tonic::body::Body::new(FramedBody { rx, done: false }));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),
@@ -129,49 +120,10 @@ fn serve_delta<S: XdsSnapshot>(
     resp
 }
 
-/// Streams responses from a connection task, each framed in buffers of its own, then trailers.
+/// Streams responses from a connection task, each framed in its own buffer, then trailers.
 struct FramedBody {
     rx: mpsc::Receiver<Result<DeltaDiscoveryResponse, Status>>,
-    /// The resources of a large message still to encode, after its first chunk went out.
-    sending: Option<std::vec::IntoIter<Resource>>,
     done: bool,
-}
-
-/// A message encoded at most this far ahead of the wire; smaller ones go in one buffer.
-const CHUNK: usize = 256 << 10;
-/// `DeltaDiscoveryResponse.resources`.
-const RESOURCES_FIELD: u32 = 2;
-
-/// The first chunk of `msg` (prefix and every field but the resources) and its resources, or
-/// the whole framed message when it is small.
-fn start(
-    mut msg: DeltaDiscoveryResponse,
-) -> Result<(Bytes, Option<std::vec::IntoIter<Resource>>), Status> {
-    let len = msg.encoded_len();
-    if len <= CHUNK {
-        return Ok((frame(&msg)?, None));
-    }
-    let prefix = u32::try_from(len)
-        .map_err(|_| Status::resource_exhausted(format!("response of {len} bytes is too large")))?;
-    let resources = std::mem::take(&mut msg.resources);
-    let mut buf = Vec::with_capacity(5 + msg.encoded_len());
-    buf.put_u8(0);
-    buf.put_u32(prefix);
-    msg.encode(&mut buf)
-        .map_err(|e| Status::internal(format!("encoding a response failed: {e}")))?;
-    Ok((Bytes::from(buf), Some(resources.into_iter())))
-}
-
-/// The next chunk of resources (about [`CHUNK`] bytes), or `None` when all are sent.
-fn next_chunk(rest: &mut std::vec::IntoIter<Resource>) -> Option<Bytes> {
-    let mut buf = Vec::new();
-    for resource in rest.by_ref() {
-        prost::encoding::message::encode(RESOURCES_FIELD, &resource, &mut buf);
-        if buf.len() >= CHUNK {
-            break;
-        }
-    }
-    (!buf.is_empty()).then(|| Bytes::from(buf))
 }
 
 /// One gRPC message: compression flag, big-endian length, protobuf bytes.
@@ -206,19 +158,10 @@ impl http_body::Body for FramedBody {
         if self.done {
             return Poll::Ready(None);
         }
-        if let Some(rest) = self.sending.as_mut() {
-            match next_chunk(rest) {
-                Some(chunk) => return Poll::Ready(Some(Ok(Frame::data(chunk)))),
-                None => self.sending = None,
-            }
-        }
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(msg))) => match start(msg) {
-                Ok((bytes, rest)) => {
-                    self.sending = rest;
-                    Poll::Ready(Some(Ok(Frame::data(bytes))))
-                }
+            Poll::Ready(Some(Ok(msg))) => match frame(&msg) {
+                Ok(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
                 Err(status) => {
                     self.done = true;
                     Poll::Ready(Some(Ok(trailers(&status))))
@@ -258,53 +201,5 @@ mod tests {
             DeltaDiscoveryResponse::decode(&bytes[5..]).expect("decode"),
             msg
         );
-    }
-
-    #[test]
-    fn a_large_message_goes_out_in_chunks_that_decode_to_it() {
-        let resources: Vec<Resource> = (0..3000)
-            .map(|i| Resource {
-                name: format!("workload-{i}"),
-                version: format!("v{i}"),
-                aliases: vec![format!("/10.0.{}.{}", i / 256, i % 256)],
-                resource: Some(mesh_proto::envoy::pb::google::protobuf::Any {
-                    type_url: "type.googleapis.com/istio.workload.Address".into(),
-                    value: vec![(i % 251) as u8; 300],
-                }),
-                ..Default::default()
-            })
-            .collect();
-        let msg = DeltaDiscoveryResponse {
-            system_version_info: "7".into(),
-            type_url: "type.googleapis.com/istio.workload.Address".into(),
-            removed_resources: vec!["gone".into()],
-            nonce: "7-1".into(),
-            resources,
-            ..Default::default()
-        };
-        let (first, rest) = start(msg.clone()).expect("start");
-        let mut rest = rest.expect("a large message is chunked");
-        let mut wire = first.to_vec();
-        let mut chunks = 1;
-        while let Some(chunk) = next_chunk(&mut rest) {
-            assert!(chunk.len() < 2 * CHUNK, "chunk of {} bytes", chunk.len());
-            wire.extend_from_slice(&chunk);
-            chunks += 1;
-        }
-        assert!(chunks > 3, "{chunks} chunks");
-        assert_eq!(wire[0], 0, "not compressed");
-        let len = u32::from_be_bytes([wire[1], wire[2], wire[3], wire[4]]) as usize;
-        assert_eq!(len, wire.len() - 5, "the prefix counts every chunk");
-        assert_eq!(len, msg.encoded_len());
-        let decoded = DeltaDiscoveryResponse::decode(&wire[5..]).expect("decode");
-        assert_eq!(decoded, msg, "resources in order, every other field intact");
-        // A small message stays one buffer.
-        let small = DeltaDiscoveryResponse {
-            nonce: "n".into(),
-            ..Default::default()
-        };
-        let (bytes, rest) = start(small.clone()).expect("start");
-        assert!(rest.is_none());
-        assert_eq!(bytes, frame(&small).expect("frame"));
     }
 }
