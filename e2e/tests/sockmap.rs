@@ -10,9 +10,9 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
-use mesh_e2e::cluster::{ClusterOptions, MeshCluster, MeshNode, PodSpec, Redirection};
+use mesh_e2e::cluster::{ClusterOptions, MeshCluster, MeshNode, MeshPod, PodSpec, Redirection};
 use mesh_e2e::probe::{echo_until, Echo};
-use mesh_testutil::netns::have_root;
+use mesh_testutil::netns::{have_root, EchoServer};
 use mesh_testutil::{namespace_yaml, service_yaml, ClusterDir};
 
 const SERVER_PORT: u16 = 8080;
@@ -68,19 +68,11 @@ fn read_to_end(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
     }
 }
 
-#[test]
-fn sockmap_carries_the_in_pod_legs_with_mesh_semantics() {
-    if !have_root("sockmap_carries_the_in_pod_legs_with_mesh_semantics") {
-        return;
-    }
-    let options = ClusterOptions::default().agent_env("AMBIENT_SOCKMAP", "true");
-    let mut c = MeshCluster::start_with(
-        "msk",
-        &["node1", "node2"],
-        Redirection::Ebpf,
-        &options,
-        setup,
-    );
+/// Two nodes with eBPF capture and `options`, a server pod (node2) running an echo server on
+/// [`SERVER_PORT`] and a client pod (node1): (cluster, client, the server application).
+fn start(hint: &str, options: &ClusterOptions) -> (MeshCluster, MeshPod, EchoServer) {
+    let mut c =
+        MeshCluster::start_with(hint, &["node1", "node2"], Redirection::Ebpf, options, setup);
     let server = c
         .add_pod(PodSpec::new("demo", "server", "node2", "server"))
         .unwrap_or_else(|e| panic!("server pod: {e}\n{}", c.logs()));
@@ -91,6 +83,16 @@ fn sockmap_carries_the_in_pod_legs_with_mesh_semantics() {
         .netns
         .echo_server(SocketAddr::from((Ipv4Addr::UNSPECIFIED, SERVER_PORT)))
         .expect("server app");
+    (c, client, app)
+}
+
+#[test]
+fn sockmap_carries_the_in_pod_legs_with_mesh_semantics() {
+    if !have_root("sockmap_carries_the_in_pod_legs_with_mesh_semantics") {
+        return;
+    }
+    let options = ClusterOptions::default().agent_env("AMBIENT_SOCKMAP", "true");
+    let (c, client, app) = start("msk", &options);
 
     // Through the Service VIP: ztunnel must have read the original destination.
     let vip = SocketAddr::from((VIP, SERVER_PORT));
@@ -197,23 +199,7 @@ fn without_sockmap_support_the_agent_warns_and_the_mesh_works() {
             "AMBIENT_SOCKMAP_CGROUP",
             &not_a_cgroup.path().display().to_string(),
         );
-    let mut c = MeshCluster::start_with(
-        "msf",
-        &["node1", "node2"],
-        Redirection::Ebpf,
-        &options,
-        setup,
-    );
-    let server = c
-        .add_pod(PodSpec::new("demo", "server", "node2", "server"))
-        .unwrap_or_else(|e| panic!("server pod: {e}\n{}", c.logs()));
-    let client = c
-        .add_pod(PodSpec::new("demo", "client", "node1", "client"))
-        .unwrap_or_else(|e| panic!("client pod: {e}\n{}", c.logs()));
-    let _app = server
-        .netns
-        .echo_server(SocketAddr::from((Ipv4Addr::UNSPECIFIED, SERVER_PORT)))
-        .expect("server app");
+    let (c, client, _app) = start("msf", &options);
     let vip = SocketAddr::from((VIP, SERVER_PORT));
     assert_eq!(
         echo_until(&client.netns, vip, |e| *e == Echo::Ok, CONVERGE),
