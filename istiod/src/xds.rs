@@ -27,7 +27,7 @@ use mesh_proto::discovery::aggregated_discovery_service_server::AggregatedDiscov
 use mesh_proto::discovery::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
-use mesh_xds::{DeltaStream, StreamError, XdsSnapshot};
+use mesh_xds::{DeltaStream, SharedResponse, StreamError, XdsSnapshot};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -229,7 +229,7 @@ impl<S: XdsSnapshot> XdsServer<S> {
         caller: Option<crate::auth::Caller>,
     ) -> (
         Connection<S>,
-        mpsc::Receiver<Result<DeltaDiscoveryResponse, Status>>,
+        mpsc::Receiver<Result<SharedResponse, Status>>,
     ) {
         let id = format!("conn-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
         let mut snapshots = self.snapshots.clone();
@@ -284,7 +284,8 @@ impl<S: XdsSnapshot> AggregatedDiscoveryService for XdsServer<S> {
             .map(move |r| r.map(|req| requests.translate(req)));
         tokio::spawn(conn.run(Box::pin(inbound)));
         let mut responses = sotw::ResponseTranslator::default();
-        let out = ReceiverStream::new(rx).map(move |r| r.map(|resp| responses.translate(resp)));
+        let out = ReceiverStream::new(rx)
+            .map(move |r| r.map(|resp| responses.translate(resp.into_proto())));
         Ok(Response::new(Box::pin(out)))
     }
 
@@ -295,7 +296,10 @@ impl<S: XdsSnapshot> AggregatedDiscoveryService for XdsServer<S> {
         self.check_ready()?;
         let caller = request.extensions().get::<crate::auth::Caller>().cloned();
         let (conn, rx) = self.open(request.remote_addr(), caller);
-        let responses: DeltaResponseStream = Box::pin(ReceiverStream::new(rx));
+        let responses: DeltaResponseStream =
+            Box::pin(futures::StreamExt::map(ReceiverStream::new(rx), |r| {
+                r.map(SharedResponse::into_proto)
+            }));
         tokio::spawn(conn.run(request.into_inner()));
         Ok(Response::new(responses))
     }

@@ -9,6 +9,7 @@
 
 mod client;
 mod resource;
+mod response;
 mod snapshot;
 mod stream;
 #[cfg(test)]
@@ -16,6 +17,7 @@ mod testing;
 
 pub use client::{ack, nack, validate_response, Applied, ClientError, DeltaClient, LocalResource};
 pub use resource::{Resource, ResourceMap};
+pub use response::{FrameChunks, SharedResponse, TooLarge};
 pub use snapshot::{ChangeSet, ResourceView, Scoped, XdsSnapshot};
 pub use stream::{
     DeltaStream, NackRecord, RequestKind, RequestOutcome, StreamError, TypeStatus, WILDCARD,

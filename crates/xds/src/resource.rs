@@ -89,7 +89,7 @@ mod tests {
     use prost::Message;
 
     use super::Resource;
-    use crate::stream::to_wire;
+    use crate::response::to_wire;
 
     #[test]
     fn wire_len_is_close_to_the_encoded_size_and_never_far_below_it() {

@@ -18,10 +18,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use mesh_proto::discovery::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource as WireResource,
-};
+use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 
+use crate::response::SharedResponse;
 use crate::{ChangeSet, Resource, ResourceMap, ResourceView};
 
 /// The resource name that toggles a wildcard subscription.
@@ -193,6 +192,18 @@ impl DeltaStream {
         snapshot: &S,
         changed: Option<&BTreeSet<String>>,
     ) -> Option<DeltaDiscoveryResponse> {
+        self.respond_shared(type_url, snapshot, changed)
+            .map(SharedResponse::into_proto)
+    }
+
+    /// [`DeltaStream::respond`], with the resources still shared with the snapshot (to encode
+    /// them without copies, see [`SharedResponse::frames`]).
+    pub fn respond_shared<S: ResourceView + ?Sized>(
+        &mut self,
+        type_url: &str,
+        snapshot: &S,
+        changed: Option<&BTreeSet<String>>,
+    ) -> Option<SharedResponse> {
         let delta = self
             .types
             .get_mut(type_url)?
@@ -266,12 +277,24 @@ impl DeltaStream {
         snapshot: &S,
         changes: Option<&ChangeSet>,
     ) -> Vec<DeltaDiscoveryResponse> {
+        self.push_shared(snapshot, changes)
+            .into_iter()
+            .map(SharedResponse::into_proto)
+            .collect()
+    }
+
+    /// [`DeltaStream::push`], with the resources still shared with the snapshot.
+    pub fn push_shared<S: ResourceView + ?Sized>(
+        &mut self,
+        snapshot: &S,
+        changes: Option<&ChangeSet>,
+    ) -> Vec<SharedResponse> {
         let type_urls: Vec<String> = self.types.keys().cloned().collect();
         type_urls
             .iter()
             .filter_map(|type_url| {
                 let changed = changes.map(|c| c.get(type_url).unwrap_or(&NO_CHANGES));
-                self.respond(type_url, snapshot, changed)
+                self.respond_shared(type_url, snapshot, changed)
             })
             .collect()
     }
@@ -489,25 +512,19 @@ impl TypeState {
         out
     }
 
-    fn record_sent(
-        &mut self,
-        type_url: &str,
-        version: u64,
-        delta: Delta,
-    ) -> DeltaDiscoveryResponse {
+    fn record_sent(&mut self, type_url: &str, version: u64, delta: Delta) -> SharedResponse {
         let counter = NONCE_COUNTER.fetch_add(1, Ordering::Relaxed);
         let nonce = format!("{version}-{counter:x}");
         self.nonce_sent = Some(nonce.clone());
         self.version_sent = Some(version);
         self.responses_sent += 1;
         self.resources_sent += delta.resources.len() as u64;
-        DeltaDiscoveryResponse {
+        SharedResponse {
             system_version_info: version.to_string(),
-            resources: delta.resources.iter().map(|r| to_wire(r)).collect(),
+            resources: delta.resources,
             type_url: type_url.to_string(),
             removed_resources: delta.removed.into_iter().collect(),
             nonce,
-            ..DeltaDiscoveryResponse::default()
         }
     }
 }
@@ -560,20 +577,6 @@ fn resolve<S: ResourceView + ?Sized>(
     let mut names = snapshot.resolve_alias(type_url, name);
     names.retain(|n| map.contains_key(n));
     names
-}
-
-/// The wire form of a resource.
-pub(crate) fn to_wire(resource: &Resource) -> WireResource {
-    WireResource {
-        name: resource.name.clone(),
-        aliases: resource.aliases.clone(),
-        version: resource.version.clone(),
-        resource: Some(mesh_proto::envoy::pb::google::protobuf::Any {
-            type_url: resource.body.type_url.clone(),
-            value: resource.body.value.clone(),
-        }),
-        ..WireResource::default()
-    }
 }
 
 #[cfg(test)]

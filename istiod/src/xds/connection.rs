@@ -6,7 +6,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use mesh_proto::discovery::DeltaDiscoveryRequest;
+use mesh_xds::SharedResponse;
 use mesh_xds::{metric_type, RequestKind, RequestOutcome, Scoped, XdsSnapshot};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -36,7 +37,8 @@ pub(crate) struct InFlight {
     _permit: PushPermit,
 }
 
-pub(crate) type ResponseSender = mpsc::Sender<Result<DeltaDiscoveryResponse, Status>>;
+/// Responses still share the snapshot's resources; the body that sends them encodes them.
+pub(crate) type ResponseSender = mpsc::Sender<Result<SharedResponse, Status>>;
 
 pub(crate) struct Connection<S: XdsSnapshot> {
     pub entry: Arc<ConnectionEntry>,
@@ -187,7 +189,7 @@ impl<S: XdsSnapshot> Connection<S> {
             Some(size) => self.permit(size).await,
             None => None,
         };
-        let response = self.entry.stream().respond(type_url, &view, None);
+        let response = self.entry.stream().respond_shared(type_url, &view, None);
         match response {
             Some(resp) => self.send(resp, false, permit).await,
             None => Ok(()),
@@ -264,7 +266,7 @@ impl<S: XdsSnapshot> Connection<S> {
             }
             Some(_) => None,
         };
-        let responses = self.entry.stream().push(&view, changes.as_ref());
+        let responses = self.entry.stream().push_shared(&view, changes.as_ref());
         tracing::debug!(conn = %self.entry.id, from, to = newest.version(), full = changes.is_none(), responses = responses.len(), "snapshot change");
         self.current = newest;
         self.entry
@@ -279,7 +281,7 @@ impl<S: XdsSnapshot> Connection<S> {
     /// Queues `resp` for the client; waits while the client is slow (only this task waits).
     async fn send(
         &mut self,
-        resp: DeltaDiscoveryResponse,
+        resp: SharedResponse,
         push: bool,
         permit: Option<PushPermit>,
     ) -> Result<(), XdsError> {

@@ -1,5 +1,8 @@
 //! `DeltaAggregatedResources` served with a response body of our own: every message is framed
-//! (5-byte gRPC prefix + protobuf) in a buffer of its own that is freed as soon as it is sent.
+//! (5-byte gRPC prefix + protobuf) straight from the snapshot's shared resources, a chunk of
+//! about 256 KiB at a time, when HTTP/2 has room for it (`mesh_xds::FrameChunks`). A full state
+//! waiting for a slow client's flow-control window is then its shared resources, not a copy
+//! of each plus their encoded bytes.
 //!
 //! tonic's generated server encodes all of a stream's messages into one reusable buffer, which
 //! then keeps the size of the largest message (the full state, megabytes in a large mesh) for
@@ -11,12 +14,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes};
+use bytes::Bytes;
 use http_body::Frame;
 use mesh_proto::discovery::aggregated_discovery_service_server::AggregatedDiscoveryServiceServer;
 use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use mesh_xds::XdsSnapshot;
-use prost::Message;
+use mesh_xds::{FrameChunks, SharedResponse};
 use tokio::sync::mpsc;
 use tonic::codec::{Codec, Streaming};
 use tonic::codegen::{http, Service};
@@ -112,7 +115,11 @@ fn serve_delta<S: XdsSnapshot>(
     );
     let (conn, rx) = server.open(peer, caller);
     tokio::spawn(conn.run(inbound));
-    let mut resp = http::Response::new(tonic::body::Body::new(FramedBody { rx, done: false }));
+    let mut resp = http::Response::new(tonic::body::Body::new(FramedBody {
+        rx,
+        sending: None,
+        done: false,
+    }));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),
@@ -120,24 +127,16 @@ fn serve_delta<S: XdsSnapshot>(
     resp
 }
 
-/// Streams responses from a connection task, each framed in its own buffer, then trailers.
+/// Streams responses from a connection task, each framed in chunks of its own, then trailers.
 struct FramedBody {
-    rx: mpsc::Receiver<Result<DeltaDiscoveryResponse, Status>>,
+    rx: mpsc::Receiver<Result<SharedResponse, Status>>,
+    /// The rest of the message being sent.
+    sending: Option<FrameChunks>,
     done: bool,
 }
 
-/// One gRPC message: compression flag, big-endian length, protobuf bytes.
-fn frame(msg: &DeltaDiscoveryResponse) -> Result<Bytes, Status> {
-    let len = msg.encoded_len();
-    let prefix = u32::try_from(len)
-        .map_err(|_| Status::resource_exhausted(format!("response of {len} bytes is too large")))?;
-    let mut buf = Vec::with_capacity(5 + len);
-    buf.put_u8(0);
-    buf.put_u32(prefix);
-    msg.encode(&mut buf)
-        .map_err(|e| Status::internal(format!("encoding a response failed: {e}")))?;
-    Ok(Bytes::from(buf))
-}
+/// About how many bytes of a message are encoded ahead of the wire.
+const CHUNK: usize = 256 << 10;
 
 fn trailers(status: &Status) -> Frame<Bytes> {
     let mut map = http::HeaderMap::new();
@@ -158,12 +157,23 @@ impl http_body::Body for FramedBody {
         if self.done {
             return Poll::Ready(None);
         }
+        if let Some(chunks) = self.sending.as_mut() {
+            match chunks.next() {
+                Some(chunk) => return Poll::Ready(Some(Ok(Frame::data(Bytes::from(chunk))))),
+                None => self.sending = None,
+            }
+        }
         match self.rx.poll_recv(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(msg))) => match frame(&msg) {
-                Ok(bytes) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
-                Err(status) => {
+            Poll::Ready(Some(Ok(msg))) => match msg.frames(CHUNK) {
+                Ok(mut chunks) => {
+                    let first = chunks.next().unwrap_or_default();
+                    self.sending = Some(chunks);
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(first)))))
+                }
+                Err(too_large) => {
                     self.done = true;
+                    let status = Status::resource_exhausted(too_large.to_string());
                     Poll::Ready(Some(Ok(trailers(&status))))
                 }
             },
@@ -185,21 +195,73 @@ impl http_body::Body for FramedBody {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use http_body::Body as _;
+    use mesh_xds::Resource;
+    use prost::Message;
+
     use super::*;
 
-    #[test]
-    fn frames_carry_the_grpc_prefix() {
-        let msg = DeltaDiscoveryResponse {
-            nonce: "n".into(),
-            ..Default::default()
+    /// Polls `body` to its end: (the data bytes, how many data frames, the trailers).
+    async fn drain(mut body: FramedBody) -> (Vec<u8>, usize, http::HeaderMap) {
+        let mut data = Vec::new();
+        let mut frames = 0;
+        loop {
+            let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+            let frame = frame
+                .expect("trailers end the body")
+                .expect("no body error");
+            match frame.into_data() {
+                Ok(bytes) => {
+                    data.extend_from_slice(&bytes);
+                    frames += 1;
+                }
+                Err(frame) => {
+                    let trailers = frame.into_trailers().expect("data or trailers");
+                    assert!(body.is_end_stream());
+                    return (data, frames, trailers);
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_state_goes_out_in_chunks_then_ok_trailers() {
+        let msg = SharedResponse {
+            system_version_info: "3".into(),
+            type_url: "type.googleapis.com/istio.workload.Address".into(),
+            nonce: "3-1".into(),
+            resources: (0..4000)
+                .map(|i| {
+                    Arc::new(Resource::from_encoded(
+                        "type.googleapis.com/istio.workload.Address",
+                        format!("workload-{i}"),
+                        vec![format!("/10.0.{}.{}", i / 256, i % 256)],
+                        vec![(i % 251) as u8; 300],
+                    ))
+                })
+                .collect(),
+            ..SharedResponse::default()
         };
-        let bytes = frame(&msg).expect("frame");
-        assert_eq!(bytes[0], 0, "not compressed");
-        let len = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
-        assert_eq!(len, bytes.len() - 5);
+        let (tx, rx) = mpsc::channel(4);
+        tx.send(Ok(msg.clone())).await.expect("queue");
+        drop(tx);
+        let body = FramedBody {
+            rx,
+            sending: None,
+            done: false,
+        };
+        let (data, frames, trailers) = drain(body).await;
+        assert!(frames > 4, "{frames} data frames");
+        assert_eq!(data[0], 0, "not compressed");
+        let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+        assert_eq!(len, data.len() - 5);
+        let decoded = DeltaDiscoveryResponse::decode(&data[5..]).expect("decode");
+        assert_eq!(decoded, msg.into_proto());
         assert_eq!(
-            DeltaDiscoveryResponse::decode(&bytes[5..]).expect("decode"),
-            msg
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"0"[..])
         );
     }
 }
