@@ -17,7 +17,7 @@ mod testing;
 
 pub use client::{ack, nack, validate_response, Applied, ClientError, DeltaClient, LocalResource};
 pub use resource::{Resource, ResourceMap};
-pub use response::{FrameChunks, SharedResponse, TooLarge};
+pub use response::{FrameChunks, FrameError, SharedResponse};
 pub use snapshot::{ChangeSet, ResourceView, Scoped, XdsSnapshot};
 pub use stream::{
     DeltaStream, NackRecord, RequestKind, RequestOutcome, StreamError, TypeStatus, WILDCARD,

@@ -38,54 +38,51 @@ pub struct SharedResponse {
     pub resources: Vec<Arc<Resource>>,
 }
 
-/// The message is over the 4 GiB a gRPC length prefix can state.
+/// Why a response cannot be framed.
 #[derive(Debug, thiserror::Error)]
-#[error("response of {0} bytes is too large for one gRPC message")]
-pub struct TooLarge(pub usize);
+pub enum FrameError {
+    #[error("response of {0} bytes is too large for one gRPC message")]
+    TooLarge(usize),
+    #[error("encoding a response failed: {0}")]
+    Encode(#[from] prost::EncodeError),
+}
 
 impl SharedResponse {
     /// The protobuf message, with each resource copied in.
     pub fn into_proto(self) -> DeltaDiscoveryResponse {
-        let mut msg = self.head();
-        msg.resources = self.resources.iter().map(|r| to_wire(r)).collect();
+        let (mut msg, resources) = self.split();
+        msg.resources = resources.iter().map(|r| to_wire(r)).collect();
         msg
     }
 
-    /// Every field but the resources.
-    fn head(&self) -> DeltaDiscoveryResponse {
-        DeltaDiscoveryResponse {
-            system_version_info: self.system_version_info.clone(),
-            type_url: self.type_url.clone(),
-            removed_resources: self.removed_resources.clone(),
-            nonce: self.nonce.clone(),
+    /// Every field but the resources, and the resources.
+    fn split(self) -> (DeltaDiscoveryResponse, Vec<Arc<Resource>>) {
+        let head = DeltaDiscoveryResponse {
+            system_version_info: self.system_version_info,
+            type_url: self.type_url,
+            removed_resources: self.removed_resources,
+            nonce: self.nonce,
             ..DeltaDiscoveryResponse::default()
-        }
+        };
+        (head, self.resources)
     }
 
-    /// Bytes of the encoded message (without the gRPC prefix).
-    pub fn encoded_len(&self) -> usize {
-        self.head().encoded_len()
-            + self
-                .resources
-                .iter()
-                .map(|r| field_len(RESOURCES_FIELD, resource_len(r)))
-                .sum::<usize>()
-    }
-
-    /// The framed message (gRPC prefix, then the protobuf bytes) as chunks of about `chunk`
-    /// bytes, each encoded when the iterator is advanced.
-    pub fn frames(self, chunk: usize) -> Result<FrameChunks, TooLarge> {
-        let len = self.encoded_len();
-        let prefix = u32::try_from(len).map_err(|_| TooLarge(len))?;
-        let head = self.head();
-        let mut first = Vec::with_capacity(5 + head.encoded_len());
+    /// The framed message (gRPC prefix, then the protobuf bytes) as chunks of at most `chunk`
+    /// bytes (or one resource, when a single one is larger), each encoded when the iterator
+    /// is advanced.
+    pub fn frames(self, chunk: usize) -> Result<FrameChunks, FrameError> {
+        let (head, resources) = self.split();
+        let len = head.encoded_len() + resources.iter().map(resource_field_len).sum::<usize>();
+        let prefix = u32::try_from(len).map_err(|_| FrameError::TooLarge(len))?;
+        let chunk = chunk.max(1);
+        let mut first = Vec::with_capacity((5 + len).min(chunk.max(5 + head.encoded_len())));
         first.push(0);
         first.extend_from_slice(&prefix.to_be_bytes());
-        head.encode_raw(&mut first);
+        head.encode(&mut first)?;
         Ok(FrameChunks {
             first: Some(first),
-            rest: self.resources.into_iter(),
-            chunk: chunk.max(1),
+            rest: resources.into_iter().peekable(),
+            chunk,
         })
     }
 }
@@ -94,7 +91,7 @@ impl SharedResponse {
 #[derive(Debug)]
 pub struct FrameChunks {
     first: Option<Vec<u8>>,
-    rest: std::vec::IntoIter<Arc<Resource>>,
+    rest: std::iter::Peekable<std::vec::IntoIter<Arc<Resource>>>,
     chunk: usize,
 }
 
@@ -102,12 +99,24 @@ impl Iterator for FrameChunks {
     type Item = Vec<u8>;
 
     fn next(&mut self) -> Option<Vec<u8>> {
-        let mut buf = self.first.take().unwrap_or_default();
-        while buf.len() < self.chunk {
-            let Some(resource) = self.rest.next() else {
+        let mut buf = match self.first.take() {
+            Some(first) => first,
+            // A resource larger than a chunk goes alone, in a buffer of its size.
+            None => Vec::with_capacity(
+                self.rest
+                    .peek()
+                    .map_or(self.chunk, |r| resource_field_len(r).max(self.chunk)),
+            ),
+        };
+        // Fill up to the chunk size exactly, so the buffer never grows past its capacity
+        // (a buffer sent as `Bytes` keeps its whole capacity until the client has it).
+        while let Some(resource) = self.rest.peek() {
+            let len = resource_field_len(resource);
+            if !buf.is_empty() && buf.len() + len > self.chunk {
                 break;
-            };
-            encode_resource(&resource, &mut buf);
+            }
+            encode_resource(resource, &mut buf);
+            self.rest.next();
         }
         (!buf.is_empty()).then_some(buf)
     }
@@ -125,6 +134,11 @@ pub(crate) fn to_wire(resource: &Resource) -> WireResource {
         }),
         ..WireResource::default()
     }
+}
+
+/// One occurrence of `DeltaDiscoveryResponse.resources`, encoded.
+fn resource_field_len(r: &Arc<Resource>) -> usize {
+    field_len(RESOURCES_FIELD, resource_len(r))
 }
 
 /// A length-delimited field: key, length, body.
@@ -214,10 +228,23 @@ mod tests {
         }
     }
 
+    /// The concatenated chunks and their number. A chunk never outgrows the chunk size (the
+    /// resources here are smaller than the sizes tried, except 1 byte, where each chunk is one
+    /// resource) nor its first allocation.
     fn wire(chunks: FrameChunks) -> (Vec<u8>, usize) {
+        let limit = chunks.chunk;
         let mut out = Vec::new();
         let mut count = 0;
         for chunk in chunks {
+            if limit > 1 {
+                assert!(chunk.len() <= limit, "{} bytes, limit {limit}", chunk.len());
+            }
+            assert!(
+                chunk.capacity() <= limit.max(chunk.len()),
+                "capacity {} for {} bytes",
+                chunk.capacity(),
+                chunk.len()
+            );
             out.extend_from_slice(&chunk);
             count += 1;
         }
@@ -229,15 +256,11 @@ mod tests {
         for (n, chunk) in [(0, 1 << 10), (1, 1 << 10), (5_000, 64 << 10), (300, 1)] {
             let shared = response(n);
             let expected = shared.clone().into_proto();
-            assert_eq!(
-                shared.encoded_len(),
-                expected.encoded_len(),
-                "{n} resources"
-            );
             let (bytes, chunks) = wire(shared.frames(chunk).expect("frames"));
             assert_eq!(bytes[0], 0, "not compressed");
             let len = u32::from_be_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
             assert_eq!(len, bytes.len() - 5, "the prefix counts every chunk");
+            assert_eq!(len, expected.encoded_len(), "{n} resources");
             let decoded = DeltaDiscoveryResponse::decode(&bytes[5..]).expect("decode");
             assert_eq!(decoded, expected, "{n} resources in chunks of {chunk}");
             if n == 5_000 {

@@ -171,9 +171,14 @@ impl http_body::Body for FramedBody {
                     self.sending = Some(chunks);
                     Poll::Ready(Some(Ok(Frame::data(Bytes::from(first)))))
                 }
-                Err(too_large) => {
+                Err(error) => {
                     self.done = true;
-                    let status = Status::resource_exhausted(too_large.to_string());
+                    let status = match error {
+                        mesh_xds::FrameError::TooLarge(_) => {
+                            Status::resource_exhausted(error.to_string())
+                        }
+                        mesh_xds::FrameError::Encode(_) => Status::internal(error.to_string()),
+                    };
                     Poll::Ready(Some(Ok(trailers(&status))))
                 }
             },
