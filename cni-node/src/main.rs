@@ -350,8 +350,9 @@ type SockmapHandle = mesh_ebpf::Sockmap;
 type SockmapHandle = ();
 
 /// With `AMBIENT_SOCKMAP`: the sockmap programs, loaded on `AMBIENT_SOCKMAP_CGROUP` or else the
-/// first cgroup v2 hierarchy (one is mounted when the machine has none). Without kernel support (or without the `ebpf`
-/// feature) the agent warns and runs without them: every connection keeps TCP.
+/// first cgroup v2 hierarchy (one is mounted when the machine has none). Without kernel support
+/// (or without the `ebpf` feature) the agent warns and runs without them: every connection
+/// keeps TCP.
 #[cfg(feature = "ebpf")]
 fn load_sockmap(config: &Config) -> Option<Arc<SockmapHandle>> {
     if !config.sockmap {

@@ -72,10 +72,11 @@ impl SharedResponse {
     /// is advanced.
     pub fn frames(self, chunk: usize) -> Result<FrameChunks, FrameError> {
         let (head, resources) = self.split();
-        let len = head.encoded_len() + resources.iter().map(resource_field_len).sum::<usize>();
+        let head_len = head.encoded_len();
+        let len = head_len + resources.iter().map(resource_field_len).sum::<usize>();
         let prefix = u32::try_from(len).map_err(|_| FrameError::TooLarge(len))?;
         let chunk = chunk.max(1);
-        let mut first = Vec::with_capacity((5 + len).min(chunk.max(5 + head.encoded_len())));
+        let mut first = Vec::with_capacity((5 + len).min(chunk.max(5 + head_len)));
         first.push(0);
         first.extend_from_slice(&prefix.to_be_bytes());
         head.encode(&mut first)?;
