@@ -1,8 +1,17 @@
 //! Logging setup: `tracing` to stderr, `LOG_FORMAT=json|plain`, filter from `RUST_LOG`.
+//!
+//! The filter is a list of `target=level` directives and at most one bare default level
+//! (`info`, `warn,ztunnel::proxy=debug`, `off`); a target matches itself and every module
+//! below it. Span and field directives (`target[span{field}]=level`) are refused by name:
+//! their matcher would put a regular-expression engine into every binary, and it is a large
+//! share of a proxy's resident code when idle.
 
 use std::sync::{Arc, Mutex};
 
-use tracing_subscriber::{fmt, EnvFilter};
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, reload, Layer, Registry};
 
 /// Environment variable choosing the log format.
 pub const LOG_FORMAT_ENV: &str = "LOG_FORMAT";
@@ -55,7 +64,7 @@ pub fn init() -> Result<LogFormat, TelemetryError> {
 #[derive(Clone)]
 pub struct LogControl {
     current: Arc<Mutex<String>>,
-    apply: Arc<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>,
+    apply: Arc<dyn Fn(Targets) -> Result<(), String> + Send + Sync>,
 }
 
 impl std::fmt::Debug for LogControl {
@@ -84,8 +93,31 @@ impl LogControl {
     }
 }
 
-fn parse_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
-    EnvFilter::try_new(filter.trim()).map_err(|e| TelemetryError::BadFilter(e.to_string()))
+fn parse_filter(filter: &str) -> Result<Targets, TelemetryError> {
+    let filter = filter.trim();
+    if filter.contains(['[', ']', '{', '}']) {
+        return Err(TelemetryError::BadFilter(format!(
+            "{filter:?}: span and field directives are not supported; use target=level pairs"
+        )));
+    }
+    filter
+        .parse::<Targets>()
+        .map_err(|e| TelemetryError::BadFilter(format!("{filter:?}: {e}")))
+}
+
+/// The output layer for a format, boxed so one subscriber type serves both.
+fn output<S>(format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    match format {
+        LogFormat::Json => fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Plain => fmt::layer().with_writer(std::io::stderr).boxed(),
+    }
 }
 
 /// [`init`], also returning a handle that changes the filter at run time.
@@ -95,38 +127,15 @@ pub fn init_with_control() -> Result<(LogFormat, LogControl), TelemetryError> {
         Ok(v) if !v.trim().is_empty() => v.trim().to_string(),
         _ => "info".to_string(),
     };
-    let filter = parse_filter(&initial)?;
-    type Apply = Arc<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>;
-    let (result, apply): (_, Apply) = match format {
-        LogFormat::Json => {
-            let builder = fmt()
-                .json()
-                .flatten_event(true)
-                .with_env_filter(filter)
-                .with_writer(std::io::stderr)
-                .with_filter_reloading();
-            let handle = builder.reload_handle();
-            (
-                builder.try_init(),
-                Arc::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
-            )
-        }
-        LogFormat::Plain => {
-            let builder = fmt()
-                .with_env_filter(filter)
-                .with_writer(std::io::stderr)
-                .with_filter_reloading();
-            let handle = builder.reload_handle();
-            (
-                builder.try_init(),
-                Arc::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
-            )
-        }
-    };
-    result.map_err(|_| TelemetryError::AlreadyInstalled)?;
+    let (filter, handle) = reload::Layer::<Targets, Registry>::new(parse_filter(&initial)?);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(output(format))
+        .try_init()
+        .map_err(|_| TelemetryError::AlreadyInstalled)?;
     let control = LogControl {
         current: Arc::new(Mutex::new(initial)),
-        apply,
+        apply: Arc::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
     };
     Ok((format, control))
 }
@@ -144,5 +153,27 @@ mod tests {
         );
         let err = LogFormat::parse(Some("xml")).expect_err("xml");
         assert!(err.to_string().contains("\"xml\""), "{err}");
+    }
+
+    #[test]
+    fn parses_filters() {
+        for good in [
+            "info",
+            "off",
+            "warn,ztunnel::proxy=debug",
+            "access=debug",
+            " debug ",
+        ] {
+            parse_filter(good).unwrap_or_else(|e| panic!("{good:?}: {e}"));
+        }
+        let targets = parse_filter("warn,ztunnel::proxy=debug").expect("pairs");
+        assert!(targets.would_enable("ztunnel::proxy::inbound", &tracing::Level::DEBUG));
+        assert!(!targets.would_enable("ztunnel::dns", &tracing::Level::INFO));
+        assert!(targets.would_enable("ztunnel::dns", &tracing::Level::WARN));
+        for bad in ["info,x=loud", "ztunnel[conn{id=1}]=debug"] {
+            let err = parse_filter(bad).expect_err(bad);
+            assert_eq!(err.reason(), "bad_filter");
+            assert!(err.to_string().contains(bad), "{err}");
+        }
     }
 }
