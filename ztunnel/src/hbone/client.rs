@@ -43,6 +43,11 @@ pub struct ConnectRequest {
     pub traceparent: Option<String>,
     /// Service hostname the client addressed, sent as `forwarded: ...;host=<hostname>`.
     pub forwarded_host: Option<String>,
+    /// Bytes the client had already sent when the request was made, sent as the stream's
+    /// first DATA right behind the `CONNECT` instead of after the answer (empty: none). The
+    /// peer reads them once it has connected the target, as any body of a `CONNECT`; a
+    /// refusal discards them with the stream.
+    pub early_data: Bytes,
 }
 
 impl ConnectRequest {
@@ -54,6 +59,7 @@ impl ConnectRequest {
             baggage: None,
             traceparent: None,
             forwarded_host: None,
+            early_data: Bytes::new(),
         }
     }
 
@@ -200,20 +206,24 @@ impl Connection {
         })
     }
 
-    /// Sends `request` and, once the peer answers 200, returns the tunnel.
+    /// Sends `request` (and its early data) and, once the peer answers 200, returns the
+    /// tunnel.
     pub async fn open(&self, request: &ConnectRequest) -> Result<Tunnel, HboneError> {
-        self.send(request.to_http()?).await
+        let slot = StreamSlot::acquire(self.streams.clone());
+        self.send_in_slot(request.to_http()?, &request.early_data, slot)
+            .await
     }
 
     /// Sends a prepared `CONNECT` request (see [`ConnectRequest::to_http`]).
     pub async fn send(&self, request: Request<()>) -> Result<Tunnel, HboneError> {
         let slot = StreamSlot::acquire(self.streams.clone());
-        self.send_in_slot(request, slot).await
+        self.send_in_slot(request, &Bytes::new(), slot).await
     }
 
     async fn send_in_slot(
         &self,
         request: Request<()>,
+        early_data: &Bytes,
         slot: StreamSlot,
     ) -> Result<Tunnel, HboneError> {
         let authority = request.uri().to_string();
@@ -222,7 +232,13 @@ impl Connection {
             source,
         };
         let mut sender = self.sender.clone().ready().await.map_err(request_error)?;
-        let (response, send) = sender.send_request(request, false).map_err(request_error)?;
+        let (response, mut send) = sender.send_request(request, false).map_err(request_error)?;
+        if !early_data.is_empty() {
+            // Queued behind the HEADERS, so both leave in one write: the peer connects the
+            // target and forwards them without waiting for a round trip over this connection.
+            send.send_data(early_data.clone(), false)
+                .map_err(request_error)?;
+        }
         let response = response.await.map_err(request_error)?;
         if response.status() != StatusCode::OK {
             return Err(HboneError::Status {
@@ -288,7 +304,8 @@ impl Connection {
         request: &ConnectRequest,
         slot: StreamSlot,
     ) -> Result<Tunnel, HboneError> {
-        self.send_in_slot(request.to_http()?, slot).await
+        self.send_in_slot(request.to_http()?, &request.early_data, slot)
+            .await
     }
 }
 

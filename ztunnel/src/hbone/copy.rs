@@ -100,6 +100,12 @@ impl ByteCounters {
         self.received.load(Ordering::Relaxed)
     }
 
+    /// Counts bytes the downstream sent that went upstream outside the copy (a tunnel's early
+    /// data).
+    pub fn add_sent(&self, bytes: u64) {
+        self.sent.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     fn counter(&self, direction: Direction) -> &AtomicU64 {
         match direction {
             Direction::Upstream => &self.sent,
@@ -296,7 +302,8 @@ impl<T: AsyncRead + AsyncWrite + Send> Duplex for AsyncIo<T> {
 }
 
 /// Copies both ways between `downstream` and `upstream` until both directions reach EOF,
-/// shutting down the write side opposite each EOF. The first error ends the whole copy.
+/// shutting down the write side opposite each EOF. The first error ends the whole copy. The
+/// totals are the counters' at the end, so bytes counted before the copy began are included.
 pub async fn copy_bidirectional<D, U>(
     downstream: D,
     upstream: U,
@@ -310,8 +317,11 @@ where
     let (up_read, up_write) = upstream.into_chunks();
     let to_upstream = copy_one_way(down_read, up_write, Direction::Upstream, counters);
     let to_downstream = copy_one_way(up_read, down_write, Direction::Downstream, counters);
-    let (sent, received) = tokio::try_join!(to_upstream, to_downstream)?;
-    Ok(Transferred { sent, received })
+    tokio::try_join!(to_upstream, to_downstream)?;
+    Ok(Transferred {
+        sent: counters.sent(),
+        received: counters.received(),
+    })
 }
 
 /// Copies `reader` into `writer` until EOF, then shuts `writer` down. Returns the byte count.

@@ -251,12 +251,12 @@ async fn policy_refusal_is_401() {
     let echo = echo_server().await;
     let fx = Fixture::start(vec![echo], H2Settings::default()).await;
     let conn = fx.connect().await;
-    let err = conn
-        .open(&ConnectRequest::new(echo, source()))
-        .await
-        .expect_err("denied");
+    let mut denied = ConnectRequest::new(echo, source());
+    denied.early_data = bytes::Bytes::from_static(b"discarded with the stream");
+    let err = conn.open(&denied).await.expect_err("denied");
     assert_eq!(err.status(), Some(http::StatusCode::UNAUTHORIZED), "{err}");
     assert_eq!(err.reason(), "status_401");
+    assert_eq!(*fx.recorder.accepted.lock().unwrap(), 0, "nothing dialed");
     // The connection survives a refused stream.
     let other = echo_server().await;
     let tunnel = conn
@@ -264,6 +264,71 @@ async fn policy_refusal_is_401() {
         .await
         .expect("allowed");
     assert_eq!(round_trip(tunnel, b"still works").await, b"still works");
+}
+
+#[tokio::test]
+async fn early_data_reaches_the_target_ahead_of_the_rest_and_is_counted() {
+    let echo = echo_server().await;
+    let fx = Fixture::start(vec![], H2Settings::default()).await;
+    let conn = fx.connect().await;
+    let mut request = ConnectRequest::new(echo, source());
+    request.early_data = bytes::Bytes::from_static(b"early ");
+    let tunnel = conn.open(&request).await.expect("tunnel");
+    assert_eq!(round_trip(tunnel, b"rest").await, b"early rest");
+    wait_for_finished(&fx.recorder, 1).await;
+    let finished = fx.recorder.finished.lock().unwrap();
+    let expected = Transferred {
+        sent: 10,
+        received: 10,
+    };
+    assert_eq!(finished[0], (fx.client_id.clone(), Ok(expected)));
+}
+
+/// A bare HTTP/2 server that answers only once the stream's first DATA has arrived: a client
+/// that held its early data until the answer would wait forever.
+#[tokio::test]
+async fn early_data_is_sent_before_the_answer() {
+    let mesh = Mesh::new();
+    let server_id = id("server");
+    let acceptor = tokio_rustls::TlsAcceptor::from(mesh.server_tls(&server_id));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        let tls = acceptor.accept(tcp).await.expect("server TLS");
+        let mut h2 = h2::server::handshake(tls).await.expect("server h2");
+        let (request, mut respond) = h2
+            .accept()
+            .await
+            .expect("a request")
+            .expect("a valid request");
+        // Keep the connection moving while the body is read.
+        tokio::spawn(async move { while h2.accept().await.is_some() {} });
+        assert_eq!(request.method(), http::Method::CONNECT);
+        let mut body = request.into_body();
+        let first = body
+            .data()
+            .await
+            .expect("DATA before any answer")
+            .expect("a DATA frame");
+        respond
+            .send_response(http::Response::new(()), false)
+            .expect("answer 200");
+        (first, body, respond)
+    });
+    let tls = mesh.client_tls(Some(&id("client")), vec![server_id]);
+    let conn = Connection::connect(addr, tls, &H2Settings::default())
+        .await
+        .expect("connect");
+    let mut request = ConnectRequest::new("127.0.0.1:9".parse().expect("target"), source());
+    request.early_data = bytes::Bytes::from_static(b"GET / HTTP/1.1\r\n\r\n");
+    let tunnel = tokio::time::timeout(WAIT, conn.open(&request))
+        .await
+        .expect("the answer came, so the early data went first")
+        .expect("tunnel");
+    let (first, _body, _respond) = server.await.expect("server task");
+    assert_eq!(&first[..], b"GET / HTTP/1.1\r\n\r\n");
+    drop(tunnel);
 }
 
 #[tokio::test]

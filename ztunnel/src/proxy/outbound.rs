@@ -52,7 +52,7 @@ pub(super) async fn serve(ctx: Arc<PodCtx>, tcp: TcpStream, peer: SocketAddr) {
     };
     let record = ConnectionRecord::open(&ctx.inputs.metrics, src.routed(peer, orig_dst, &route));
     let counters = ByteCounters::default();
-    let connected = connect(&ctx, &src, peer, &route).await;
+    let connected = connect(&ctx, &tcp, &src, peer, &route).await;
     // The copy needs only the two ends: the source and destination workloads' copies go now,
     // not when a connection that may stay open for hours ends.
     drop((src, route));
@@ -61,9 +61,12 @@ pub(super) async fn serve(ctx: Arc<PodCtx>, tcp: TcpStream, peer: SocketAddr) {
         Ok(Connected::Tcp(upstream)) => copy_bidirectional(tcp, upstream, &counters)
             .await
             .map_err(copy_failure),
-        Ok(Connected::Hbone(tunnel)) => copy_bidirectional(tcp, tunnel, &counters)
-            .await
-            .map_err(copy_failure),
+        Ok(Connected::Hbone(tunnel, early)) => {
+            counters.add_sent(early);
+            copy_bidirectional(tcp, tunnel, &counters)
+                .await
+                .map_err(copy_failure)
+        }
         Err(failure) => Err(failure),
     };
     match result {
@@ -180,12 +183,30 @@ type Failure = (ResponseFlags, ProxyError);
 /// The upstream end of a connection.
 enum Connected {
     Tcp(TcpStream),
-    Hbone(Tunnel),
+    /// A tunnel, and how many bytes of the client's went with its `CONNECT`.
+    Hbone(Tunnel, u64),
+}
+
+/// At most this much of what a client sent before its connection was routed goes with the
+/// HBONE `CONNECT` (one read; the copy takes the rest).
+const EARLY_DATA_LIMIT: usize = 16 * 1024;
+
+/// What the client has already sent, read without waiting: a client that speaks first (an
+/// HTTP request, a TLS ClientHello) then does not wait for the tunnel's answer to cross the
+/// network before its first bytes do. Nothing yet, or end of stream, is empty.
+fn early_data(tcp: &TcpStream) -> std::io::Result<bytes::Bytes> {
+    let mut buf = [0u8; EARLY_DATA_LIMIT];
+    match tcp.try_read(&mut buf) {
+        Ok(n) => Ok(bytes::Bytes::copy_from_slice(&buf[..n])),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(bytes::Bytes::new()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Connects to the route's upstream: plain TCP from the pod's netns, or an HBONE tunnel.
 async fn connect(
     ctx: &PodCtx,
+    tcp: &TcpStream,
     src: &Source,
     peer: SocketAddr,
     route: &Route,
@@ -209,6 +230,14 @@ async fn connect(
             let mut request = ConnectRequest::new(*authority, peer);
             request.baggage = Some(baggage(&src.workload)).filter(|b| !b.is_empty());
             request.forwarded_host = route.dst_service.as_ref().map(|s| s.hostname.clone());
+            request.early_data = early_data(tcp).map_err(|source| {
+                let e = crate::hbone::copy::CopyError::Read {
+                    direction: crate::hbone::copy::Direction::Upstream,
+                    source,
+                };
+                (ResponseFlags::None, ProxyError::Copy(e))
+            })?;
+            let early = request.early_data.len() as u64;
             let key = PoolKey::for_source(
                 src.identity.clone(),
                 Some(peer.ip()),
@@ -224,7 +253,7 @@ async fn connect(
                 };
                 (flags, e)
             })?;
-            Ok(Connected::Hbone(tunnel))
+            Ok(Connected::Hbone(tunnel, early))
         }
     }
 }

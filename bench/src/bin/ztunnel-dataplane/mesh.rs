@@ -104,17 +104,22 @@ impl Cluster {
         );
         let mut zds = Vec::new();
         let mut ztunnels = Vec::new();
+        // Default settings, but for the worker count when the bench's caller sets it.
+        let workers = std::env::var("ZTUNNEL_WORKER_THREADS").ok();
+        let extra: Vec<(&str, &str)> = workers
+            .iter()
+            .map(|n| ("ZTUNNEL_WORKER_THREADS", n.as_str()))
+            .collect();
         for (node, snapshot) in nodes.iter().zip(snapshots) {
             let sock = dir.path().join(format!("zds-{}.sock", node.name()));
             zds.push(FakeZds::start(&sock, snapshot)?);
-            // Default settings: no extra environment (ZTUNNEL_WORKER_THREADS=2).
             ztunnels.push(Ztunnel::start(
                 node.netns(),
                 node.name(),
                 node.ip(),
                 &istiod,
                 &sock,
-                &[],
+                &extra,
             ));
         }
         for z in &ztunnels {
