@@ -137,6 +137,8 @@ pub enum HboneError {
         authority: String,
         #[source]
         source: h2::Error,
+        /// Whether the request had left (it may then have reached the peer).
+        sent: bool,
     },
     #[error("the HBONE peer answered CONNECT to {authority} with {status}: {}", status_hint(*.status))]
     Status {
@@ -198,6 +200,23 @@ impl HboneError {
             },
             HboneError::InvalidHeader { .. } => "invalid_header",
             HboneError::BuildRequest { .. } => "build_request",
+        }
+    }
+
+    /// Whether the peer may have acted on the request, and so delivered its early data to the
+    /// target: false for failures before the request left, for a status answer, and for a
+    /// stream the peer refused unprocessed (REFUSED_STREAM, or a GOAWAY from the peer that left
+    /// the stream out), which HTTP/2 guarantees the peer never acted on.
+    pub fn may_have_been_processed(&self) -> bool {
+        match self {
+            HboneError::Request {
+                source, sent: true, ..
+            } => {
+                let refused = source.reason() == Some(h2::Reason::REFUSED_STREAM);
+                let left_out = source.is_go_away() && source.is_remote();
+                !(refused || left_out)
+            }
+            _ => false,
         }
     }
 

@@ -95,14 +95,30 @@ impl LogControl {
 
 fn parse_filter(filter: &str) -> Result<Targets, TelemetryError> {
     let filter = filter.trim();
+    let bad = |why: &str| TelemetryError::BadFilter(format!("{filter:?}: {why}"));
     if filter.contains(['[', ']', '{', '}']) {
-        return Err(TelemetryError::BadFilter(format!(
-            "{filter:?}: span and field directives are not supported; use target=level pairs"
-        )));
+        return Err(bad(
+            "span and field directives are not supported; use target=level pairs",
+        ));
     }
-    filter
+    // Empty directives (`info,`) are skipped, as they always were; `Targets` would read one as
+    // the level `error`.
+    let directives: Vec<&str> = filter
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .collect();
+    let defaults = directives
+        .iter()
+        .filter(|d| d.parse::<tracing_subscriber::filter::LevelFilter>().is_ok())
+        .count();
+    if defaults > 1 {
+        return Err(bad("more than one default level"));
+    }
+    directives
+        .join(",")
         .parse::<Targets>()
-        .map_err(|e| TelemetryError::BadFilter(format!("{filter:?}: {e}")))
+        .map_err(|e| bad(&e.to_string()))
 }
 
 /// The output layer for a format, boxed so one subscriber type serves both.
@@ -115,8 +131,12 @@ where
             .json()
             .flatten_event(true)
             .with_writer(std::io::stderr)
+            .log_internal_errors(true)
             .boxed(),
-        LogFormat::Plain => fmt::layer().with_writer(std::io::stderr).boxed(),
+        LogFormat::Plain => fmt::layer()
+            .with_writer(std::io::stderr)
+            .log_internal_errors(true)
+            .boxed(),
     }
 }
 
@@ -166,6 +186,17 @@ mod tests {
         ] {
             parse_filter(good).unwrap_or_else(|e| panic!("{good:?}: {e}"));
         }
+        // An empty directive is skipped, not read as `error`.
+        let trailing = parse_filter("info,").expect("trailing comma");
+        assert!(trailing.would_enable("ztunnel::proxy", &tracing::Level::INFO));
+        let doubled = parse_filter("warn,,access=debug").expect("double comma");
+        assert!(doubled.would_enable("ztunnel::dns", &tracing::Level::WARN));
+        assert!(doubled.would_enable("access", &tracing::Level::DEBUG));
+        let err = parse_filter("info,debug").expect_err("two defaults");
+        assert!(
+            err.to_string().contains("more than one default level"),
+            "{err}"
+        );
         let targets = parse_filter("warn,ztunnel::proxy=debug").expect("pairs");
         assert!(targets.would_enable("ztunnel::proxy::inbound", &tracing::Level::DEBUG));
         assert!(!targets.would_enable("ztunnel::dns", &tracing::Level::INFO));

@@ -227,19 +227,30 @@ impl Connection {
         slot: StreamSlot,
     ) -> Result<Tunnel, HboneError> {
         let authority = request.uri().to_string();
-        let request_error = |source| HboneError::Request {
-            authority: authority.clone(),
-            source,
+        let request_error = |sent: bool| {
+            let authority = authority.clone();
+            move |source| HboneError::Request {
+                authority,
+                source,
+                sent,
+            }
         };
-        let mut sender = self.sender.clone().ready().await.map_err(request_error)?;
-        let (response, mut send) = sender.send_request(request, false).map_err(request_error)?;
+        let mut sender = self
+            .sender
+            .clone()
+            .ready()
+            .await
+            .map_err(request_error(false))?;
+        let (response, mut send) = sender
+            .send_request(request, false)
+            .map_err(request_error(false))?;
         if !early_data.is_empty() {
             // Queued behind the HEADERS, so both leave in one write: the peer connects the
             // target and forwards them without waiting for a round trip over this connection.
             send.send_data(early_data.clone(), false)
-                .map_err(request_error)?;
+                .map_err(request_error(true))?;
         }
-        let response = response.await.map_err(request_error)?;
+        let response = response.await.map_err(request_error(true))?;
         if response.status() != StatusCode::OK {
             return Err(HboneError::Status {
                 authority,

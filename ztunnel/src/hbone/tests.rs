@@ -574,6 +574,26 @@ fn connect_request_carries_authority_and_forwarded() {
     assert_eq!(err.reason(), "invalid_header");
 }
 
+#[test]
+fn a_stream_that_may_have_run_is_told_apart_from_one_that_never_did() {
+    let failed = |sent, reason: h2::Reason| HboneError::Request {
+        authority: "10.0.0.1:80".into(),
+        source: reason.into(),
+        sent,
+    };
+    // Never left, or refused unprocessed: safe to send again elsewhere.
+    assert!(!failed(false, h2::Reason::INTERNAL_ERROR).may_have_been_processed());
+    assert!(!failed(true, h2::Reason::REFUSED_STREAM).may_have_been_processed());
+    // Left and then failed: the peer may have acted on it.
+    assert!(failed(true, h2::Reason::INTERNAL_ERROR).may_have_been_processed());
+    assert!(failed(true, h2::Reason::CANCEL).may_have_been_processed());
+    let answered = HboneError::Status {
+        authority: "10.0.0.1:80".into(),
+        status: http::StatusCode::SERVICE_UNAVAILABLE,
+    };
+    assert!(!answered.may_have_been_processed());
+}
+
 #[tokio::test]
 async fn shutdown_stops_accepting_and_run_returns_once_open_tunnels_finish() {
     let echo = echo_server().await;

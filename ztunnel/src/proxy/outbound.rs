@@ -193,13 +193,27 @@ const EARLY_DATA_LIMIT: usize = 16 * 1024;
 
 /// What the client has already sent, read without waiting: a client that speaks first (an
 /// HTTP request, a TLS ClientHello) then does not wait for the tunnel's answer to cross the
-/// network before its first bytes do. Nothing yet, or end of stream, is empty.
+/// network before its first bytes do. Nothing yet, or end of stream, is empty. The read goes
+/// to the socket itself: tokio's own `try_read` answers "would block" until its reactor has
+/// polled a readiness event, which a connection just accepted usually has not had yet.
 fn early_data(tcp: &TcpStream) -> std::io::Result<bytes::Bytes> {
+    use std::io::Read;
     let mut buf = [0u8; EARLY_DATA_LIMIT];
-    match tcp.try_read(&mut buf) {
+    let socket = socket2::SockRef::from(tcp);
+    let mut reader: &socket2::Socket = &socket;
+    match reader.read(&mut buf) {
         Ok(n) => Ok(bytes::Bytes::copy_from_slice(&buf[..n])),
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(bytes::Bytes::new()),
         Err(e) => Err(e),
+    }
+}
+
+/// Makes closing the client's socket send a reset, as closing it with its bytes still unread
+/// would have (used when bytes read early went nowhere).
+fn reset_on_close(tcp: &TcpStream) {
+    let socket = socket2::SockRef::from(tcp);
+    if let Err(e) = socket.set_linger(Some(std::time::Duration::ZERO)) {
+        tracing::debug!(error = %e, "cannot make the client's close a reset");
     }
 }
 
@@ -245,6 +259,9 @@ async fn connect(
                 *hbone_addr,
             );
             let tunnel = open_tunnel(ctx, &key, &request).await.map_err(|e| {
+                if early > 0 {
+                    reset_on_close(tcp);
+                }
                 let flags = match &e {
                     ProxyError::Hbone(h) if h.status() == Some(http::StatusCode::UNAUTHORIZED) => {
                         ResponseFlags::Denied
@@ -270,6 +287,11 @@ async fn open_tunnel(
         Some(Ok(tunnel)) => return Ok(tunnel),
         // The peer answered: that is the answer.
         Some(Err(e)) if e.status().is_some() => return Err(ProxyError::Hbone(e)),
+        // The stream may have reached the target with the client's early bytes: sending them
+        // again on another connection could deliver them twice.
+        Some(Err(e)) if !request.early_data.is_empty() && e.may_have_been_processed() => {
+            return Err(ProxyError::Hbone(e))
+        }
         // The pooled connection died under us: dial a fresh one.
         Some(Err(e)) => tracing::debug!(error = %e, "pooled HBONE connection failed; redialing"),
         None => {}
