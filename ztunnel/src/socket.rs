@@ -16,8 +16,11 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::config::Keepalive;
 
-/// Listen backlog of ztunnel's listeners (upstream uses the kernel maximum).
-pub const LISTEN_BACKLOG: i32 = 1024;
+/// Listen backlog of ztunnel's listeners: the kernel caps it at `net.core.somaxconn` of the
+/// listener's network namespace, so this asks for the largest accept queue there, as Istio's
+/// ztunnel does. A fixed 1,024 overflowed in a burst of new connections while ztunnel was busy:
+/// the kernel then drops handshakes or falls back to SYN cookies.
+pub const LISTEN_BACKLOG: i32 = i32::MAX;
 
 /// Makes the sockets of one proxy (ztunnel's own, or one pod's).
 pub trait SocketFactory: Send + Sync + std::fmt::Debug + 'static {
@@ -247,6 +250,26 @@ mod tests {
         let (_listener, addr) = loopback_listener(&factory);
         let err = factory.tcp_listener(addr).expect_err("port is taken");
         assert_eq!(err.kind(), io::ErrorKind::AddrInUse);
+    }
+
+    /// The accept queue is the network namespace's largest (`ss` shows a listener's queue
+    /// limit as its Send-Q).
+    #[tokio::test]
+    async fn listeners_get_the_largest_accept_queue() {
+        let factory = LocalSockets::default();
+        let (_listener, addr) = loopback_listener(&factory);
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn").expect("somaxconn");
+        let out = std::process::Command::new("ss")
+            .args(["-ltnH", &format!("sport = :{}", addr.port())])
+            .output()
+            .expect("ss (iproute2)");
+        let line = String::from_utf8_lossy(&out.stdout).to_string();
+        let queue = line
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(queue, somaxconn.trim(), "ss: {line}");
     }
 
     fn loopback_listener(factory: &LocalSockets) -> (tokio::net::TcpListener, SocketAddr) {
