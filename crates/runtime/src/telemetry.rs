@@ -64,7 +64,7 @@ pub fn init() -> Result<LogFormat, TelemetryError> {
 #[derive(Clone)]
 pub struct LogControl {
     current: Arc<Mutex<String>>,
-    apply: Arc<dyn Fn(Targets) -> Result<(), String> + Send + Sync>,
+    handle: reload::Handle<Targets, Registry>,
 }
 
 impl std::fmt::Debug for LogControl {
@@ -87,7 +87,9 @@ impl LogControl {
     /// Replaces the filter (`debug`, `info,access=debug`, ...). A bad filter changes nothing.
     pub fn set(&self, filter: &str) -> Result<(), TelemetryError> {
         let parsed = parse_filter(filter)?;
-        (self.apply)(parsed).map_err(TelemetryError::BadFilter)?;
+        self.handle
+            .reload(parsed)
+            .map_err(|e| TelemetryError::BadFilter(e.to_string()))?;
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = filter.trim().to_string();
         Ok(())
     }
@@ -126,17 +128,12 @@ fn output<S>(format: LogFormat) -> Box<dyn Layer<S> + Send + Sync>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
+    let layer = fmt::layer()
+        .with_writer(std::io::stderr)
+        .log_internal_errors(true);
     match format {
-        LogFormat::Json => fmt::layer()
-            .json()
-            .flatten_event(true)
-            .with_writer(std::io::stderr)
-            .log_internal_errors(true)
-            .boxed(),
-        LogFormat::Plain => fmt::layer()
-            .with_writer(std::io::stderr)
-            .log_internal_errors(true)
-            .boxed(),
+        LogFormat::Json => layer.json().flatten_event(true).boxed(),
+        LogFormat::Plain => layer.boxed(),
     }
 }
 
@@ -155,7 +152,7 @@ pub fn init_with_control() -> Result<(LogFormat, LogControl), TelemetryError> {
         .map_err(|_| TelemetryError::AlreadyInstalled)?;
     let control = LogControl {
         current: Arc::new(Mutex::new(initial)),
-        apply: Arc::new(move |f| handle.reload(f).map_err(|e| e.to_string())),
+        handle,
     };
     Ok((format, control))
 }

@@ -210,8 +210,7 @@ impl Connection {
     /// tunnel.
     pub async fn open(&self, request: &ConnectRequest) -> Result<Tunnel, HboneError> {
         let slot = StreamSlot::acquire(self.streams.clone());
-        self.send_in_slot(request.to_http()?, &request.early_data, slot)
-            .await
+        self.open_reserved(request, slot).await
     }
 
     /// Sends a prepared `CONNECT` request (see [`ConnectRequest::to_http`]).
