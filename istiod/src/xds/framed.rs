@@ -12,7 +12,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http_body::Frame;
@@ -157,39 +157,31 @@ impl http_body::Body for FramedBody {
         if self.done {
             return Poll::Ready(None);
         }
-        if let Some(chunks) = self.sending.as_mut() {
-            match chunks.next() {
-                Some(chunk) => return Poll::Ready(Some(Ok(Frame::data(Bytes::from(chunk))))),
-                None => self.sending = None,
-            }
-        }
-        match self.rx.poll_recv(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(msg))) => match msg.frames(CHUNK) {
-                Ok(mut chunks) => {
-                    let first = chunks.next().unwrap_or_default();
-                    self.sending = Some(chunks);
-                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(first)))))
+        loop {
+            if let Some(chunks) = self.sending.as_mut() {
+                match chunks.next() {
+                    Some(chunk) => return Poll::Ready(Some(Ok(Frame::data(Bytes::from(chunk))))),
+                    None => self.sending = None,
                 }
-                Err(error) => {
-                    self.done = true;
-                    let status = match error {
-                        mesh_xds::FrameError::TooLarge(_) => {
-                            Status::resource_exhausted(error.to_string())
-                        }
-                        mesh_xds::FrameError::Encode(_) => Status::internal(error.to_string()),
-                    };
-                    Poll::Ready(Some(Ok(trailers(&status))))
-                }
-            },
-            Poll::Ready(Some(Err(status))) => {
-                self.done = true;
-                Poll::Ready(Some(Ok(trailers(&status))))
             }
-            Poll::Ready(None) => {
-                self.done = true;
-                Poll::Ready(Some(Ok(trailers(&Status::ok("")))))
-            }
+            let status = match ready!(self.rx.poll_recv(cx)) {
+                Some(Ok(msg)) => match msg.frames(CHUNK) {
+                    Ok(chunks) => {
+                        self.sending = Some(chunks);
+                        continue;
+                    }
+                    Err(error @ mesh_xds::FrameError::TooLarge(_)) => {
+                        Status::resource_exhausted(error.to_string())
+                    }
+                    Err(error @ mesh_xds::FrameError::Encode(_)) => {
+                        Status::internal(error.to_string())
+                    }
+                },
+                Some(Err(status)) => status,
+                None => Status::ok(""),
+            };
+            self.done = true;
+            return Poll::Ready(Some(Ok(trailers(&status))));
         }
     }
 
