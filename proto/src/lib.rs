@@ -33,6 +33,10 @@ pub use envoy_types::pb::envoy::service::discovery::v3 as discovery;
 pub const DELTA_ADS_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
 
+/// The gRPC path of the CA's `CreateCertificate`.
+pub const CREATE_CERTIFICATE_PATH: &str =
+    "/istio.v1.auth.IstioCertificateService/CreateCertificate";
+
 /// Type URLs, exactly as Istio sends them.
 pub mod type_url {
     /// Workload discovery: `istio.workload.Address` (delta only).

@@ -111,17 +111,13 @@ impl XdsConfig {
 pub enum XdsError {
     #[error("XDS_ADDRESS {address:?} is invalid ({detail}); set it to https://<host>:<port> (e.g. https://istiod.istio-system.svc:15012)")]
     BadAddress { address: String, detail: String },
-    #[error("cannot read istiod's root certificate {path}: {source}; is the istio-ca-root-cert ConfigMap mounted there?")]
-    RootCert {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read istiod's root certificate {path}: {detail}; is the istio-ca-root-cert ConfigMap mounted there?")]
+    RootCert { path: String, detail: String },
     #[error("cannot set up TLS to istiod at {address}: {source}; check the root certificate and server name")]
     Tls {
         address: String,
         #[source]
-        source: tonic::transport::Error,
+        source: mesh_identity::TlsError,
     },
     #[error("cannot read the xDS token {path}: {source}; is the projected service-account token (audience istio-ca) mounted?")]
     Token {
@@ -134,13 +130,13 @@ pub enum XdsError {
     #[error("istiod at {address} refused the delta ADS stream: {code:?}: {message}; is istiod reachable on 15012, and does it accept this node's token?")]
     Open {
         address: String,
-        code: tonic::Code,
+        code: mesh_grpc::Code,
         message: String,
     },
     #[error("the delta ADS stream from {address} failed: {code:?}: {message}; istiod restarted or the connection broke (will reconnect)")]
     Receive {
         address: String,
-        code: tonic::Code,
+        code: mesh_grpc::Code,
         message: String,
     },
     #[error("istiod at {address} closed the delta ADS stream (will reconnect)")]

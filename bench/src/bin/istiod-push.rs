@@ -305,7 +305,6 @@ async fn client(
     ready: Arc<Barrier>,
     seen: mpsc::UnboundedSender<(String, Instant)>,
 ) -> anyhow::Result<()> {
-    let mut ads = DeltaAds::connect(addr, WINDOW).await?;
     let node = Node {
         id: format!(
             "ztunnel~10.255.{}.{}~ztunnel-{id}.istio-system~istio-system.svc.cluster.local",
@@ -314,13 +313,15 @@ async fn client(
         ),
         ..Default::default()
     };
-    for t in [type_url::ADDRESS, type_url::AUTHORIZATION] {
-        ads.send(&DeltaDiscoveryRequest {
+    let first: Vec<DeltaDiscoveryRequest> = [type_url::ADDRESS, type_url::AUTHORIZATION]
+        .into_iter()
+        .map(|t| DeltaDiscoveryRequest {
             node: Some(node.clone()),
             type_url: t.to_string(),
             ..Default::default()
-        })?;
-    }
+        })
+        .collect();
+    let mut ads = DeltaAds::connect(addr, WINDOW, &first).await?;
     let mut initial = true;
     while let Some(resp) = ads.next().await? {
         let now = Instant::now();
@@ -596,9 +597,7 @@ async fn csr_storm(
     (ns, i, version): (usize, usize, usize),
     seen_rx: &mut mpsc::UnboundedReceiver<(String, Instant)>,
 ) -> anyhow::Result<Storm> {
-    use mesh_proto::ca::{
-        istio_certificate_service_client::IstioCertificateServiceClient, IstioCertificateRequest,
-    };
+    use mesh_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
     let identity: mesh_identity::Identity = STORM_IDENTITY.parse()?;
     let t = Instant::now();
     let csrs: Vec<String> = (0..calls)
@@ -607,22 +606,32 @@ async fn csr_storm(
     eprintln!("made {calls} CSRs in {:?}; the storm starts", t.elapsed());
     let root = state.join("root-cert.pem");
     let address = format!("https://127.0.0.1:{}", args.base_port + 12);
-    let channel = mesh_certs::grpc_channel(&address, &root)?;
+    // The CA client ztunnel uses: one HTTP/2 connection for every call.
+    let channel = mesh_grpc::Endpoint::new(&address, &root, None)?.channel();
+    let mut metadata = http::HeaderMap::new();
+    metadata.insert(
+        http::header::AUTHORIZATION,
+        http::HeaderValue::try_from(format!("Bearer {STORM_TOKEN}"))?,
+    );
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for csr in csrs {
-        let mut client = IstioCertificateServiceClient::new(channel.clone());
+        let (channel, metadata) = (channel.clone(), metadata.clone());
         tasks.spawn(async move {
-            let mut request = tonic::Request::new(IstioCertificateRequest {
+            let request = IstioCertificateRequest {
                 csr,
                 validity_duration: 3600,
                 metadata: None,
-            });
-            let token = format!("Bearer {STORM_TOKEN}").parse();
-            if let Ok(token) = token {
-                request.metadata_mut().insert("authorization", token);
-            }
-            client.create_certificate(request).await.is_ok()
+            };
+            channel
+                .unary::<_, IstioCertificateResponse>(
+                    mesh_proto::CREATE_CERTIFICATE_PATH,
+                    &metadata,
+                    &request,
+                    None,
+                )
+                .await
+                .is_ok()
         });
     }
     // The change goes in while the calls are in flight.

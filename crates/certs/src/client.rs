@@ -12,13 +12,12 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use http::Uri;
 use hyper_util::rt::TokioIo;
+use mesh_grpc::SetupError;
 use mesh_identity::tls::{client_config_for_server_name, parse_certs};
 use mesh_identity::{generate_csr, Identity};
-use mesh_proto::ca::istio_certificate_service_client::IstioCertificateServiceClient;
-use mesh_proto::ca::IstioCertificateRequest;
+use mesh_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
-use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 
 use super::{CaClient, CertError, WorkloadCert};
@@ -72,13 +71,16 @@ impl CaClientConfig {
 #[derive(Clone, Debug)]
 pub struct GrpcCaClient {
     config: CaClientConfig,
-    channel: Channel,
+    channel: mesh_grpc::Channel,
 }
 
 impl GrpcCaClient {
     /// Prepares a lazily-connecting channel; reads the root certificate now for https.
     pub fn new(config: CaClientConfig) -> Result<GrpcCaClient, CertError> {
-        let channel = grpc_channel(&config.address, &config.root_cert_path)?;
+        let channel = mesh_grpc::Endpoint::new(&config.address, &config.root_cert_path, None)
+            .map_err(|e| setup_error(&config.address, e))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .channel();
         Ok(GrpcCaClient { config, channel })
     }
 
@@ -89,31 +91,33 @@ impl GrpcCaClient {
 
     async fn create(&self, identity: &Identity) -> Result<WorkloadCert, CertError> {
         let csr = generate_csr(identity)?;
-        let mut request = tonic::Request::new(IstioCertificateRequest {
+        let request = IstioCertificateRequest {
             csr: csr.csr_pem,
             validity_duration: i64::try_from(self.config.secret_ttl.as_secs()).unwrap_or(i64::MAX),
             metadata: self.config.impersonate.then(|| impersonation(identity)),
-        });
-        request.set_timeout(REQUEST_TIMEOUT);
-        self.add_headers(request.metadata_mut()).await?;
-        let mut client = IstioCertificateServiceClient::new(self.channel.clone());
-        let response =
-            client
-                .create_certificate(request)
-                .await
-                .map_err(|status| CertError::Rpc {
-                    address: self.config.address.clone(),
-                    identity: identity.to_string(),
-                    code: status.code(),
-                    message: status.message().to_string(),
-                })?;
-        WorkloadCert::from_response(identity, response.into_inner().cert_chain, csr.key_pem)
+        };
+        let metadata = self.metadata().await?;
+        let response: IstioCertificateResponse = self
+            .channel
+            .unary(
+                mesh_proto::CREATE_CERTIFICATE_PATH,
+                &metadata,
+                &request,
+                Some(REQUEST_TIMEOUT),
+            )
+            .await
+            .map_err(|status| CertError::Rpc {
+                address: self.config.address.clone(),
+                identity: identity.to_string(),
+                code: status.code(),
+                message: status.message().to_string(),
+            })?;
+        WorkloadCert::from_response(identity, response.cert_chain, csr.key_pem)
     }
 
-    async fn add_headers(
-        &self,
-        metadata: &mut tonic::metadata::MetadataMap,
-    ) -> Result<(), CertError> {
+    /// `authorization` (the token, read now: projected tokens rotate) and `clusterid`.
+    async fn metadata(&self) -> Result<http::HeaderMap, CertError> {
+        let mut metadata = http::HeaderMap::new();
         if let Some(path) = &self.config.token_path {
             let token =
                 tokio::fs::read_to_string(path)
@@ -122,14 +126,14 @@ impl GrpcCaClient {
                         path: path.display().to_string(),
                         source,
                     })?;
-            let value = MetadataValue::try_from(format!("Bearer {}", token.trim()))
+            let value = http::HeaderValue::try_from(format!("Bearer {}", token.trim()))
                 .map_err(|_| CertError::BadHeader { what: "token" })?;
-            metadata.insert("authorization", value);
+            metadata.insert(http::header::AUTHORIZATION, value);
         }
-        let cluster = MetadataValue::try_from(self.config.cluster_id.as_str())
+        let cluster = http::HeaderValue::try_from(self.config.cluster_id.as_str())
             .map_err(|_| CertError::BadHeader { what: "cluster id" })?;
         metadata.insert("clusterid", cluster);
-        Ok(())
+        Ok(metadata)
     }
 }
 
@@ -185,6 +189,18 @@ fn endpoint(uri: &str, address: &str) -> Result<Endpoint, CertError> {
         detail: e.to_string(),
     })?;
     Ok(endpoint.connect_timeout(CONNECT_TIMEOUT))
+}
+
+/// The channel's setup errors, as the CA client names them.
+fn setup_error(address: &str, error: SetupError) -> CertError {
+    match error {
+        SetupError::BadAddress { detail, .. } => CertError::BadAddress {
+            address: address.to_string(),
+            detail,
+        },
+        SetupError::RootCert { path, detail } => CertError::RootCert { path, detail },
+        SetupError::Tls(e) => CertError::Tls(e),
+    }
 }
 
 fn impersonation(identity: &Identity) -> prost_types::Struct {

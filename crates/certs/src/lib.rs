@@ -51,7 +51,7 @@ pub enum CertError {
     Rpc {
         address: String,
         identity: String,
-        code: tonic::Code,
+        code: mesh_grpc::Code,
         message: String,
     },
     #[error("the CA returned no certificates for {identity}; check the CA's logs")]

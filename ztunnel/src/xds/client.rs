@@ -5,30 +5,26 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Uri;
-use mesh_proto::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use mesh_grpc::{RequestSink, ResponseStream, SetupError};
 use mesh_proto::discovery::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use mesh_proto::envoy::pb::envoy::config::core::v3::Node;
 use mesh_proto::envoy::pb::google::protobuf::{value::Kind, Struct, Value};
 use mesh_xds::{ClientError, DeltaClient};
-use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataValue;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
-use tonic::Streaming;
+use tokio::sync::watch;
 
 use super::{rejection_message, Handler, XdsConfig, XdsError, INVALID_ARGUMENT, SUBSCRIBED_TYPES};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Requests queued towards istiod: the initial requests plus ACKs in flight.
-const OUTBOUND_QUEUE: usize = 16;
+/// The largest response accepted, as Istio's ztunnel: the first Address response carries every
+/// workload and service of the mesh (about 20 MB with 50,000 Pods).
+const MAX_MESSAGE: usize = 200 << 20;
 
 /// ztunnel's xDS client. Build it with [`XdsClient::new`], keep a [`XdsClient::ready`]
 /// receiver, then drive it with [`XdsClient::run`].
 pub struct XdsClient {
     config: XdsConfig,
     handler: Arc<dyn Handler>,
-    channel: Channel,
+    channel: mesh_grpc::Channel,
     delta: DeltaClient,
     /// Types whose first response has been handed to the handler.
     seen: BTreeSet<String>,
@@ -103,7 +99,7 @@ impl XdsClient {
 
     /// One stream, until it fails; `healthy` is set once a response arrived.
     async fn stream(&mut self, healthy: &mut bool) -> XdsError {
-        let (tx, mut inbound) = match self.open().await {
+        let (mut outbound, mut inbound) = match self.open().await {
             Ok(opened) => opened,
             Err(e) => return e,
         };
@@ -122,7 +118,7 @@ impl XdsClient {
             };
             *healthy = true;
             let reply = self.on_response(&resp);
-            if tx.send(reply).await.is_err() {
+            if outbound.send(&reply).is_err() {
                 return self.closed();
             }
         }
@@ -134,40 +130,36 @@ impl XdsClient {
         }
     }
 
-    /// Opens the stream and queues the first request of every type (with what we hold).
+    /// Opens the stream with the first request of every type (with what we hold).
     async fn open(
         &self,
     ) -> Result<
         (
-            mpsc::Sender<DeltaDiscoveryRequest>,
-            Streaming<DeltaDiscoveryResponse>,
+            RequestSink<DeltaDiscoveryRequest>,
+            ResponseStream<DeltaDiscoveryResponse>,
         ),
         XdsError,
     > {
-        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
-        for req in self.delta.reconnect_requests() {
+        let first = self.delta.reconnect_requests();
+        for req in &first {
             tracing::debug!(type_url = %req.type_url, known = req.initial_resource_versions.len(), "subscribing");
-            // The queue is fresh and larger than the number of types: this cannot fail.
-            let _ = tx.try_send(req);
         }
-        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        let mut metadata = http::HeaderMap::new();
         if let Some(token) = self.token().await? {
-            request.metadata_mut().insert("authorization", token);
+            metadata.insert(http::header::AUTHORIZATION, token);
         }
-        let mut client = AggregatedDiscoveryServiceClient::new(self.channel.clone());
-        let response = client
-            .delta_aggregated_resources(request)
+        self.channel
+            .streaming(mesh_proto::DELTA_ADS_PATH, &metadata, &first)
             .await
             .map_err(|status| XdsError::Open {
                 address: self.config.address.clone(),
                 code: status.code(),
                 message: status.message().to_string(),
-            })?;
-        Ok((tx, response.into_inner()))
+            })
     }
 
     /// `Bearer <token>` from the token file, read now (projected tokens rotate).
-    async fn token(&self) -> Result<Option<MetadataValue<tonic::metadata::Ascii>>, XdsError> {
+    async fn token(&self) -> Result<Option<http::HeaderValue>, XdsError> {
         let Some(path) = &self.config.token_path else {
             return Ok(None);
         };
@@ -178,7 +170,7 @@ impl XdsClient {
                 path: display.clone(),
                 source,
             })?;
-        MetadataValue::try_from(format!("Bearer {}", token.trim()))
+        http::HeaderValue::try_from(format!("Bearer {}", token.trim()))
             .map(Some)
             .map_err(|_| XdsError::BadToken { path: display })
     }
@@ -274,41 +266,27 @@ fn node(config: &XdsConfig) -> Node {
 
 /// A lazily connecting channel: h2c for `http://`, TLS verified against the root file for
 /// `https://`.
-fn channel(config: &XdsConfig) -> Result<Channel, XdsError> {
-    let bad = |detail: String| XdsError::BadAddress {
-        address: config.address.clone(),
-        detail,
-    };
-    let uri: Uri = config.address.parse().map_err(|e| bad(format!("{e}")))?;
-    let host = uri
-        .host()
-        .ok_or_else(|| bad("no host:port".to_string()))?
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    let endpoint = Endpoint::from_shared(config.address.clone())
-        .map_err(|e| bad(e.to_string()))?
-        .connect_timeout(CONNECT_TIMEOUT);
-    let endpoint = match uri.scheme_str() {
-        Some("http") => endpoint,
-        Some("https") => {
-            let pem =
-                std::fs::read(&config.root_cert_path).map_err(|source| XdsError::RootCert {
-                    path: config.root_cert_path.display().to_string(),
-                    source,
-                })?;
-            let name = config.server_name.clone().unwrap_or(host);
-            let tls = ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(pem))
-                .domain_name(name);
-            endpoint.tls_config(tls).map_err(|source| XdsError::Tls {
-                address: config.address.clone(),
-                source,
-            })?
-        }
-        other => return Err(bad(format!("unsupported scheme {other:?}"))),
-    };
-    Ok(endpoint.connect_lazy())
+fn channel(config: &XdsConfig) -> Result<mesh_grpc::Channel, XdsError> {
+    let endpoint = mesh_grpc::Endpoint::new(
+        &config.address,
+        &config.root_cert_path,
+        config.server_name.as_deref(),
+    )
+    .map_err(|e| match e {
+        SetupError::BadAddress { detail, .. } => XdsError::BadAddress {
+            address: config.address.clone(),
+            detail,
+        },
+        SetupError::RootCert { path, detail } => XdsError::RootCert { path, detail },
+        SetupError::Tls(source) => XdsError::Tls {
+            address: config.address.clone(),
+            source,
+        },
+    })?;
+    Ok(endpoint
+        .connect_timeout(CONNECT_TIMEOUT)
+        .max_message(MAX_MESSAGE)
+        .channel())
 }
 
 #[cfg(test)]

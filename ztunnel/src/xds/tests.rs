@@ -232,6 +232,36 @@ async fn initial_state_is_applied_acked_and_ready_after_both_types() {
 }
 
 #[tokio::test]
+async fn a_first_response_of_many_megabytes_is_applied() {
+    // A large mesh's first Address response is far past gRPC's usual 4 MiB limit: 12 MB here,
+    // in one response, over many HTTP/2 windows.
+    let ads = FakeAds::start().await.expect("fake ADS");
+    let body = vec![b'w'; 200_000];
+    let names: Vec<String> = (0..60).map(|i| format!("w{i:02}")).collect();
+    for name in &names {
+        ads.set(ADDRESS, name, body.clone());
+    }
+    ads.set(AUTHORIZATION, "ns/p", b"policy".to_vec());
+    let mut run = start(ads);
+    tokio::time::timeout(WAIT, run.ready.wait_for(|r| *r))
+        .await
+        .expect("ready in time")
+        .expect("client alive");
+    assert_eq!(run.handler.names(ADDRESS), names);
+    assert_eq!(run.handler.get(ADDRESS, "w59"), Some(body));
+    let first = run
+        .ads
+        .responses()
+        .into_iter()
+        .find(|r| r.type_url == ADDRESS)
+        .expect("an Address response");
+    assert_eq!(first.resources.len(), 60, "all in one response");
+    wait_all_acked(&run.ads, ADDRESS).await;
+    assert_eq!(run.ads.connections(), 1, "no reconnect");
+    run.shutdown().await;
+}
+
+#[tokio::test]
 async fn updates_and_removals_flow() {
     let ads = FakeAds::start().await.expect("fake ADS");
     ads.set(ADDRESS, "w1", b"one".to_vec());

@@ -1,0 +1,240 @@
+//! Where a channel dials: `http://host:port` (HTTP/2 over TCP, h2c) or `https://host:port`
+//! (TLS 1.3 with ALPN `h2`, the server's certificate verified by name against a PEM root file).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use mesh_identity::tls::{client_config_for_server_name, parse_certs};
+use mesh_identity::TlsError;
+use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use crate::status::{Code, Status};
+
+/// How long dialing (TCP and TLS) may take.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// gRPC's usual limit on a received message.
+pub const DEFAULT_MAX_MESSAGE: usize = 4 << 20;
+/// HTTP/2 receive windows, per stream and per connection: large enough that a multi-megabyte
+/// xDS response is not paced by round trips.
+const STREAM_WINDOW: u32 = 2 << 20;
+const CONNECTION_WINDOW: u32 = 5 << 20;
+
+/// Errors in a channel's settings, found before anything is dialed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{address:?} is not a gRPC address ({detail}); use https://<host>:<port> (or http:// for plain text)")]
+    BadAddress { address: String, detail: String },
+    #[error("cannot read the root certificate {path}: {detail}")]
+    RootCert { path: String, detail: String },
+    #[error("cannot build the TLS client: {0}")]
+    Tls(#[source] TlsError),
+}
+
+impl SetupError {
+    /// A short, stable label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SetupError::BadAddress { .. } => "bad_address",
+            SetupError::RootCert { .. } => "root_cert",
+            SetupError::Tls(_) => "tls",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    server_name: ServerName<'static>,
+}
+
+/// A server's address and how to reach it. [`Endpoint::channel`] makes the (lazily dialing)
+/// [`crate::Channel`].
+#[derive(Clone)]
+pub struct Endpoint {
+    pub(crate) address: String,
+    pub(crate) scheme: Scheme,
+    pub(crate) authority: Authority,
+    host: String,
+    port: u16,
+    tls: Option<Tls>,
+    connect_timeout: Duration,
+    pub(crate) max_message: usize,
+    stream_window: u32,
+    connection_window: u32,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("address", &self.address)
+            .field("tls", &self.tls.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// Parses `address`. For `https` the PEM roots at `root_cert_path` are read now, and the
+    /// server's certificate must name `server_name` (default: the address's host).
+    pub fn new(
+        address: &str,
+        root_cert_path: &Path,
+        server_name: Option<&str>,
+    ) -> Result<Endpoint, SetupError> {
+        let bad = |detail: String| SetupError::BadAddress {
+            address: address.to_string(),
+            detail,
+        };
+        let uri: http::Uri = address.parse().map_err(|e| bad(format!("{e}")))?;
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| bad("no host:port".to_string()))?;
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(bad("a path is not allowed".to_string()));
+        }
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let (scheme, default_port, tls) = match uri.scheme_str() {
+            Some("http") => (Scheme::HTTP, 80, None),
+            Some("https") => {
+                let name = server_name.unwrap_or(&host);
+                (
+                    Scheme::HTTPS,
+                    443,
+                    Some(tls(address, root_cert_path, name)?),
+                )
+            }
+            other => return Err(bad(format!("unsupported scheme {other:?}"))),
+        };
+        Ok(Endpoint {
+            address: address.to_string(),
+            scheme,
+            port: authority.port_u16().unwrap_or(default_port),
+            authority,
+            host,
+            tls,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            max_message: DEFAULT_MAX_MESSAGE,
+            stream_window: STREAM_WINDOW,
+            connection_window: CONNECTION_WINDOW,
+        })
+    }
+
+    /// The largest message a call on this endpoint accepts (default 4 MiB).
+    pub fn max_message(mut self, bytes: usize) -> Endpoint {
+        self.max_message = bytes;
+        self
+    }
+
+    /// How long dialing may take (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Endpoint {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// HTTP/2 receive windows, per stream and per connection (default 2 MiB and 5 MiB).
+    pub fn http2_windows(mut self, stream: u32, connection: u32) -> Endpoint {
+        self.stream_window = stream;
+        self.connection_window = connection;
+        self
+    }
+
+    /// The address as given.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// A new HTTP/2 connection, its driver spawned on the runtime.
+    pub(crate) async fn dial(&self) -> Result<h2::client::SendRequest<Bytes>, Status> {
+        let unavailable =
+            |detail: String| Status::new(Code::Unavailable, format!("{}: {detail}", self.address));
+        let dialing = async {
+            let tcp = TcpStream::connect((self.host.as_str(), self.port))
+                .await
+                .map_err(|e| unavailable(format!("cannot connect: {e}")))?;
+            tcp.set_nodelay(true)
+                .map_err(|e| unavailable(format!("cannot set TCP_NODELAY: {e}")))?;
+            match &self.tls {
+                None => handshake(tcp, self).await,
+                Some(tls) => {
+                    let stream = tls
+                        .connector
+                        .connect(tls.server_name.clone(), tcp)
+                        .await
+                        .map_err(|e| unavailable(format!("TLS handshake failed: {e}")))?;
+                    handshake(stream, self).await
+                }
+            }
+        };
+        tokio::time::timeout(self.connect_timeout, dialing)
+            .await
+            .unwrap_or_else(|_| {
+                Err(unavailable(format!(
+                    "no connection within {:?}",
+                    self.connect_timeout
+                )))
+            })
+    }
+}
+
+fn tls(address: &str, root_cert_path: &Path, server_name: &str) -> Result<Tls, SetupError> {
+    let path = root_cert_path.display().to_string();
+    let pem = std::fs::read_to_string(root_cert_path).map_err(|e| SetupError::RootCert {
+        path: path.clone(),
+        detail: e.to_string(),
+    })?;
+    let roots = parse_certs(&pem, "root certificate").map_err(|e| SetupError::RootCert {
+        path: path.clone(),
+        detail: e.to_string(),
+    })?;
+    if roots.is_empty() {
+        return Err(SetupError::RootCert {
+            path,
+            detail: "it holds no PEM certificate".to_string(),
+        });
+    }
+    let config = client_config_for_server_name(&roots).map_err(SetupError::Tls)?;
+    let server_name =
+        ServerName::try_from(server_name.to_string()).map_err(|e| SetupError::BadAddress {
+            address: address.to_string(),
+            detail: format!("server name {server_name:?}: {e}"),
+        })?;
+    Ok(Tls {
+        connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+        server_name,
+    })
+}
+
+async fn handshake<T>(io: T, endpoint: &Endpoint) -> Result<h2::client::SendRequest<Bytes>, Status>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let address = &endpoint.address;
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(endpoint.stream_window)
+        .initial_connection_window_size(endpoint.connection_window)
+        .handshake::<_, Bytes>(io)
+        .await
+        .map_err(|e| {
+            Status::new(
+                Code::Unavailable,
+                format!("{address}: HTTP/2 handshake failed: {e}"),
+            )
+        })?;
+    let address = address.to_string();
+    tokio::spawn(async move {
+        // Every call on the connection sees the failure itself; this is the connection's.
+        if let Err(e) = connection.await {
+            tracing::debug!(address = %address, error = %e, "gRPC connection ended");
+        }
+    });
+    Ok(send)
+}

@@ -1,0 +1,423 @@
+//! mesh-grpc's calls against real tonic servers: the generated CA and ADS services, over h2c
+//! and TLS.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::pin::Pin;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+use mesh_grpc::{Channel, Code, Endpoint, SetupError};
+use mesh_proto::ca::istio_certificate_service_server::{
+    IstioCertificateService, IstioCertificateServiceServer,
+};
+use mesh_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
+use mesh_proto::discovery::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use mesh_proto::discovery::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::StreamExt;
+use tonic::{Request, Response, Status, Streaming};
+
+const CREATE: &str = "/istio.v1.auth.IstioCertificateService/CreateCertificate";
+
+/// A CA whose behaviour the request's `csr` field names: `echo` answers with the request's
+/// `authorization` and `grpc-timeout` headers, `deny` refuses, `slow` answers after 2 s,
+/// `big:N` answers with N bytes.
+#[derive(Clone, Default)]
+struct Scripted;
+
+#[tonic::async_trait]
+impl IstioCertificateService for Scripted {
+    async fn create_certificate(
+        &self,
+        request: Request<IstioCertificateRequest>,
+    ) -> Result<Response<IstioCertificateResponse>, Status> {
+        let header = |name: &str| {
+            request
+                .metadata()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_string()
+        };
+        let chain = match request.get_ref().csr.as_str() {
+            "echo" => vec![header("authorization"), header("grpc-timeout")],
+            "deny" => {
+                return Err(Status::permission_denied(
+                    "no \u{2713} for you: 100% denied",
+                ))
+            }
+            "slow" => {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                vec!["late".to_string()]
+            }
+            other => match other.strip_prefix("big:").and_then(|n| n.parse().ok()) {
+                Some(n) => vec!["x".repeat(n)],
+                None => return Err(Status::invalid_argument(format!("unknown script {other}"))),
+            },
+        };
+        Ok(Response::new(IstioCertificateResponse {
+            cert_chain: chain,
+        }))
+    }
+}
+
+type DeltaStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+type SotwStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+
+/// An ADS server that answers every delta request with one response (nonce = the request's
+/// type URL, `resources` = as many as the request's `response_nonce` says), ends the stream
+/// with OK on type `end` and with ABORTED on type `abort`.
+#[derive(Clone, Default)]
+struct Echo;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Echo {
+    type StreamAggregatedResourcesStream = SotwStream;
+    type DeltaAggregatedResourcesStream = DeltaStream;
+
+    async fn stream_aggregated_resources(
+        &self,
+        _: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<SotwStream>, Status> {
+        Err(Status::unimplemented("delta only"))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaStream>, Status> {
+        if request.metadata().get("authorization").is_none() {
+            return Err(Status::unauthenticated("no token"));
+        }
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            while let Some(Ok(req)) = inbound.next().await {
+                let reply = match req.type_url.as_str() {
+                    "end" => return,
+                    "abort" => Err(Status::aborted("asked to abort")),
+                    _ => Ok(DeltaDiscoveryResponse {
+                        nonce: req.type_url.clone(),
+                        resources: (0..req.response_nonce.parse::<usize>().unwrap_or(0))
+                            .map(|i| Resource {
+                                name: format!("resource-{i:08}"),
+                                ..Resource::default()
+                            })
+                            .collect(),
+                        ..DeltaDiscoveryResponse::default()
+                    }),
+                };
+                let last = reply.is_err();
+                if tx.send(reply).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// A running tonic server; stops when dropped.
+struct Server {
+    addr: SocketAddr,
+    _stop: oneshot::Sender<()>,
+}
+
+async fn serve(port: u16, tls: Option<tonic::transport::ServerTlsConfig>) -> Server {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port))
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).expect("tls");
+    }
+    let router = builder
+        .add_service(IstioCertificateServiceServer::new(Scripted))
+        .add_service(AggregatedDiscoveryServiceServer::new(Echo));
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let stopped = async {
+            let _ = stopped.await;
+        };
+        let _ = router
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
+            .await;
+    });
+    Server { addr, _stop: stop }
+}
+
+fn plain(addr: SocketAddr) -> Channel {
+    Endpoint::new(&format!("http://{addr}"), Path::new("/nonexistent"), None)
+        .expect("endpoint")
+        .channel()
+}
+
+fn script(csr: &str) -> IstioCertificateRequest {
+    IstioCertificateRequest {
+        csr: csr.to_string(),
+        ..IstioCertificateRequest::default()
+    }
+}
+
+async fn create(
+    channel: &Channel,
+    csr: &str,
+    timeout: Option<Duration>,
+) -> Result<Vec<String>, mesh_grpc::Status> {
+    let mut metadata = HeaderMap::new();
+    metadata.insert("authorization", HeaderValue::from_static("Bearer t0ken"));
+    let response: IstioCertificateResponse = channel
+        .unary(CREATE, &metadata, &script(csr), timeout)
+        .await?;
+    Ok(response.cert_chain)
+}
+
+#[tokio::test]
+async fn unary_calls_carry_metadata_and_statuses() {
+    let server = serve(0, None).await;
+    let channel = plain(server.addr);
+    let echoed = create(&channel, "echo", Some(Duration::from_secs(30)))
+        .await
+        .expect("echo");
+    assert_eq!(echoed, ["Bearer t0ken", "30000m"]);
+
+    let denied = create(&channel, "deny", None).await.expect_err("denied");
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    assert_eq!(denied.message(), "no \u{2713} for you: 100% denied");
+
+    let late = create(&channel, "slow", Some(Duration::from_millis(200)))
+        .await
+        .expect_err("deadline");
+    assert_eq!(late.code(), Code::DeadlineExceeded);
+
+    let unknown = channel
+        .unary::<_, IstioCertificateResponse>(
+            "/istio.v1.auth.IstioCertificateService/Nope",
+            &HeaderMap::new(),
+            &script("echo"),
+            None,
+        )
+        .await
+        .expect_err("no such method");
+    assert_eq!(unknown.code(), Code::Unimplemented);
+
+    // After all that, the same connection still serves calls.
+    assert_eq!(
+        create(&channel, "big:10", None)
+            .await
+            .expect("after errors"),
+        ["xxxxxxxxxx"]
+    );
+}
+
+#[tokio::test]
+async fn messages_over_the_limit_are_refused_and_large_ones_under_it_arrive() {
+    let server = serve(0, None).await;
+    let small = Endpoint::new(
+        &format!("http://{}", server.addr),
+        Path::new("/nonexistent"),
+        None,
+    )
+    .expect("endpoint")
+    .max_message(1 << 20)
+    .channel();
+    let refused = create(&small, "big:2000000", None)
+        .await
+        .expect_err("over the limit");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused}");
+    // 12 MB: several times the HTTP/2 windows, across many DATA frames.
+    let large = Endpoint::new(
+        &format!("http://{}", server.addr),
+        Path::new("/nonexistent"),
+        None,
+    )
+    .expect("endpoint")
+    .max_message(16 << 20)
+    .channel();
+    let chain = create(&large, "big:12000000", None).await.expect("large");
+    assert_eq!(chain[0].len(), 12_000_000);
+}
+
+#[tokio::test]
+async fn a_channel_dials_again_after_the_server_came_back() {
+    let server = serve(0, None).await;
+    let addr = server.addr;
+    let channel = plain(addr);
+    create(&channel, "big:1", None).await.expect("first");
+    drop(server);
+    // The old connection ends with the server; until the server is back, calls fail fast.
+    let mut down = None;
+    for _ in 0..50 {
+        match create(&channel, "big:1", None).await {
+            Err(e) => {
+                down = Some(e);
+                break;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    assert_eq!(down.expect("server down").code(), Code::Unavailable);
+    let _server = serve(addr.port(), None).await;
+    create(&channel, "big:1", None).await.expect("dialed again");
+}
+
+#[tokio::test]
+async fn streaming_calls_send_first_requests_before_headers_and_read_the_end() {
+    let server = serve(0, None).await;
+    let channel = plain(server.addr);
+    let request = |type_url: &str, count: usize| DeltaDiscoveryRequest {
+        type_url: type_url.to_string(),
+        response_nonce: count.to_string(),
+        ..DeltaDiscoveryRequest::default()
+    };
+    let path = mesh_proto::DELTA_ADS_PATH;
+
+    let refused = channel
+        .streaming::<_, DeltaDiscoveryResponse>(path, &HeaderMap::new(), &[request("a", 0)])
+        .await
+        .expect_err("no token");
+    assert_eq!(refused.code(), Code::Unauthenticated);
+
+    let mut metadata = HeaderMap::new();
+    metadata.insert("authorization", HeaderValue::from_static("Bearer t"));
+    let (mut sink, mut responses) = channel
+        .streaming::<_, DeltaDiscoveryResponse>(
+            path,
+            &metadata,
+            &[request("a", 1), request("b", 0)],
+        )
+        .await
+        .expect("open");
+    let first = responses.message().await.expect("a").expect("some");
+    assert_eq!((first.nonce.as_str(), first.resources.len()), ("a", 1));
+    let second = responses.message().await.expect("b").expect("some");
+    assert_eq!(second.nonce, "b");
+    // A response of ~1.5 MB: many DATA frames, decoded from the chunks.
+    sink.send(&request("c", 50_000)).expect("send");
+    let big = responses.message().await.expect("c").expect("some");
+    assert_eq!(big.resources.len(), 50_000);
+    assert_eq!(big.resources[49_999].name, "resource-00049999");
+    sink.send(&request("end", 0)).expect("send");
+    assert!(responses.message().await.expect("ended with OK").is_none());
+
+    let (mut sink, mut responses) = channel
+        .streaming::<_, DeltaDiscoveryResponse>(path, &metadata, &[request("a", 0)])
+        .await
+        .expect("open again, on the same connection");
+    responses.message().await.expect("a").expect("some");
+    sink.send(&request("abort", 0)).expect("send");
+    let aborted = responses.message().await.expect_err("aborted");
+    assert_eq!(aborted.code(), Code::Aborted);
+    assert_eq!(aborted.message(), "asked to abort");
+}
+
+#[tokio::test]
+async fn tls_verifies_the_server_by_name_against_the_root_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = mesh_identity::CertificateAuthority::self_signed(
+        dir.path(),
+        mesh_identity::CaOptions::default(),
+    )
+    .expect("ca");
+    let serving = ca
+        .serving_cert(&["istiod.istio-system.svc"], &[Ipv4Addr::LOCALHOST.into()])
+        .expect("serving cert");
+    let identity =
+        tonic::transport::Identity::from_pem(serving.chain_pem.join(""), serving.key_pem.clone());
+    let server = serve(
+        0,
+        Some(tonic::transport::ServerTlsConfig::new().identity(identity)),
+    )
+    .await;
+    let root = dir.path().join("root.pem");
+    std::fs::write(&root, ca.root_cert_pem()).expect("root");
+    let address = format!("https://{}", server.addr);
+
+    let by_name = Endpoint::new(&address, &root, Some("istiod.istio-system.svc"))
+        .expect("endpoint")
+        .channel();
+    assert_eq!(create(&by_name, "big:3", None).await.expect("tls"), ["xxx"]);
+    let by_ip = Endpoint::new(&address, &root, None)
+        .expect("endpoint")
+        .channel();
+    create(&by_ip, "big:3", None)
+        .await
+        .expect("the IP is in the certificate too");
+
+    let wrong_name = Endpoint::new(&address, &root, Some("other.example"))
+        .expect("endpoint")
+        .channel();
+    let refused = create(&wrong_name, "big:3", None)
+        .await
+        .expect_err("wrong name");
+    assert_eq!(refused.code(), Code::Unavailable);
+    assert!(
+        refused.message().contains("TLS handshake failed"),
+        "{refused}"
+    );
+
+    let other = tempfile::tempdir().expect("tempdir");
+    let stranger =
+        mesh_identity::CertificateAuthority::self_signed(other.path(), Default::default())
+            .expect("other ca");
+    let other_root = other.path().join("root.pem");
+    std::fs::write(&other_root, stranger.root_cert_pem()).expect("root");
+    let untrusted = Endpoint::new(&address, &other_root, Some("istiod.istio-system.svc"))
+        .expect("endpoint")
+        .channel();
+    assert_eq!(
+        create(&untrusted, "big:3", None)
+            .await
+            .expect_err("unknown issuer")
+            .code(),
+        Code::Unavailable
+    );
+}
+
+#[test]
+fn bad_settings_are_refused_before_dialing() {
+    let none = Path::new("/nonexistent/root.pem");
+    for (address, reason) in [
+        ("istiod:15012", "bad_address"),
+        ("ftp://istiod:15012", "bad_address"),
+        ("https://istiod:15012/path", "bad_address"),
+        ("https://", "bad_address"),
+        ("https://istiod:15012", "root_cert"),
+    ] {
+        let err = Endpoint::new(address, none, None).expect_err(address);
+        assert_eq!(err.reason(), reason, "{address}: {err}");
+        assert!(
+            err.to_string().contains(match &err {
+                SetupError::RootCert { .. } => "/nonexistent/root.pem",
+                _ => address,
+            }),
+            "{err}"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let garbage = dir.path().join("root.pem");
+    std::fs::write(&garbage, "not a certificate").expect("write");
+    let err = Endpoint::new("https://istiod:15012", &garbage, None).expect_err("garbage");
+    assert_eq!(err.reason(), "root_cert", "{err}");
+}
+
+#[tokio::test]
+async fn nothing_listening_is_unavailable() {
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let err = create(&plain(addr), "echo", None)
+        .await
+        .expect_err("refused");
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err.message().contains(&addr.to_string()), "{err}");
+}
