@@ -114,36 +114,41 @@ impl Channel {
         metadata: &HeaderMap,
         timeout: Option<Duration>,
     ) -> Result<(h2::client::ResponseFuture, h2::SendStream<Bytes>), Status> {
+        let request = self.request(path, metadata, timeout)?;
         let mut connection = self.connection.lock().await;
-        // A kept connection may have ended since its last use: then dial once more.
+        // A kept connection may have ended since its last use: then dial once more. The kept
+        // sender is cloned, never taken, so a call given up half-way leaves it in place.
+        let mut sender = None;
         for fresh in [false, true] {
-            let sender = match connection.take() {
-                Some(sender) if !fresh => sender,
-                _ => self.endpoint.dial().await?,
+            let candidate = match connection.as_ref() {
+                Some(kept) if !fresh => kept.clone(),
+                _ => {
+                    let dialed = self.endpoint.dial().await?;
+                    *connection = Some(dialed.clone());
+                    dialed
+                }
             };
-            let mut sender = match sender.ready().await {
-                Ok(sender) => sender,
+            match candidate.ready().await {
+                Ok(ready) => {
+                    sender = Some(ready);
+                    break;
+                }
                 Err(e) if !fresh => {
                     tracing::debug!(address = %self.endpoint.address, error = %e, "gRPC connection ended; dialing again");
-                    continue;
-                }
-                Err(e) => return Err(Status::from_h2(&e)),
-            };
-            match sender.send_request(self.request(path, metadata, timeout)?, false) {
-                Ok(opened) => {
-                    *connection = Some(sender);
-                    return Ok(opened);
-                }
-                Err(e) if !fresh => {
-                    tracing::debug!(address = %self.endpoint.address, error = %e, "gRPC connection refused a new stream; dialing again");
                 }
                 Err(e) => return Err(Status::from_h2(&e)),
             }
         }
-        Err(Status::new(
-            Code::Unavailable,
-            format!("{}: no usable connection", self.endpoint.address),
-        ))
+        drop(connection);
+        let Some(mut sender) = sender else {
+            return Err(Status::new(
+                Code::Unavailable,
+                format!("{}: no usable connection", self.endpoint.address),
+            ));
+        };
+        sender
+            .send_request(request, false)
+            .map_err(|e| Status::from_h2(&e))
     }
 
     fn request(
@@ -234,7 +239,11 @@ impl<M: prost::Message + Default> ResponseStream<M> {
             .get(http::header::CONTENT_TYPE)
             .map(|v| v.as_bytes())
             .unwrap_or_default();
-        if !content_type.starts_with(b"application/grpc") {
+        // `application/grpc`, or with a subtype (`+proto`) or parameters; not `grpc-web`.
+        let grpc = content_type
+            .strip_prefix(b"application/grpc")
+            .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';');
+        if !grpc {
             return Err(Status::new(
                 Code::Unknown,
                 format!(

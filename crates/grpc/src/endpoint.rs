@@ -170,6 +170,15 @@ impl Endpoint {
                         .connect(tls.server_name.clone(), tcp)
                         .await
                         .map_err(|e| unavailable(format!("TLS handshake failed: {e}")))?;
+                    // gRPC is HTTP/2 only: a server that did not agree to `h2` is refused now,
+                    // not misread later.
+                    let alpn = stream.get_ref().1.alpn_protocol();
+                    if alpn != Some(b"h2".as_slice()) {
+                        return Err(unavailable(format!(
+                            "the server did not agree to HTTP/2 in the TLS handshake (ALPN {:?})",
+                            alpn.map(String::from_utf8_lossy)
+                        )));
+                    }
                     handshake(stream, self).await
                 }
             }

@@ -1,8 +1,6 @@
 //! gRPC status: the code and message a call ended with, read from `grpc-status` /
 //! `grpc-message`, or derived from what went wrong below gRPC (HTTP status, HTTP/2 errors).
 
-use std::fmt;
-
 /// The gRPC status codes (numbered as on the wire).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Code {
@@ -56,7 +54,8 @@ impl Code {
 }
 
 /// How a call ended when it did not end well.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code:?}: {message}")]
 pub struct Status {
     code: Code,
     message: String,
@@ -103,28 +102,20 @@ impl Status {
         Status::new(code, format!("the server answered HTTP {status}, not gRPC"))
     }
 
-    /// An HTTP/2 failure: a reset stream maps as the gRPC protocol says, the rest (the
-    /// connection broke or could not be used) is `Unavailable`.
+    /// An HTTP/2 failure: a stream the server reset maps as the gRPC protocol says; the rest
+    /// (the connection went away, broke or could not be used) is `Unavailable`.
     pub fn from_h2(error: &h2::Error) -> Status {
         let code = match error.reason() {
+            _ if !error.is_reset() => Code::Unavailable,
             Some(h2::Reason::REFUSED_STREAM) => Code::Unavailable,
             Some(h2::Reason::CANCEL) => Code::Cancelled,
             Some(h2::Reason::ENHANCE_YOUR_CALM) => Code::ResourceExhausted,
             Some(h2::Reason::INADEQUATE_SECURITY) => Code::PermissionDenied,
-            Some(_) if error.is_reset() => Code::Internal,
-            _ => Code::Unavailable,
+            _ => Code::Internal,
         };
         Status::new(code, format!("HTTP/2: {error}"))
     }
 }
-
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}: {}", self.code, self.message)
-    }
-}
-
-impl std::error::Error for Status {}
 
 /// `grpc-message` is percent-encoded (`%XX` for bytes outside printable ASCII and for `%`);
 /// a malformed escape is kept as it is.

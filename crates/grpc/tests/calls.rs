@@ -4,6 +4,8 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
@@ -74,7 +76,8 @@ type SotwStream =
 
 /// An ADS server that answers every delta request with one response (nonce = the request's
 /// type URL, `resources` = as many as the request's `response_nonce` says), ends the stream
-/// with OK on type `end` and with ABORTED on type `abort`.
+/// with OK on type `end` and with ABORTED on type `abort`. As istiod, it answers the response
+/// headers only once the first request has come.
 #[derive(Clone, Default)]
 struct Echo;
 
@@ -98,9 +101,13 @@ impl AggregatedDiscoveryService for Echo {
             return Err(Status::unauthenticated("no token"));
         }
         let mut inbound = request.into_inner();
+        let Some(Ok(first)) = inbound.next().await else {
+            return Err(Status::invalid_argument("no first request"));
+        };
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(async move {
-            while let Some(Ok(req)) = inbound.next().await {
+            let mut next = Some(first);
+            while let Some(req) = next.take() {
                 let reply = match req.type_url.as_str() {
                     "end" => return,
                     "abort" => Err(Status::aborted("asked to abort")),
@@ -119,6 +126,7 @@ impl AggregatedDiscoveryService for Echo {
                 if tx.send(reply).await.is_err() || last {
                     return;
                 }
+                next = inbound.next().await.and_then(Result::ok);
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
@@ -128,13 +136,31 @@ impl AggregatedDiscoveryService for Echo {
 /// A running tonic server; stops when dropped.
 struct Server {
     addr: SocketAddr,
+    /// TCP connections accepted so far.
+    accepted: Arc<AtomicUsize>,
     _stop: oneshot::Sender<()>,
 }
 
+impl Server {
+    fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+}
+
 async fn serve(port: u16, tls: Option<tonic::transport::ServerTlsConfig>) -> Server {
-    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port))
-        .await
-        .expect("bind");
+    // A port given again is free once the previous server has let its listener go.
+    let mut attempts = 0;
+    let listener = loop {
+        match tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).await {
+            Ok(listener) => break listener,
+            Err(e) if attempts < 100 => {
+                attempts += 1;
+                tracing::debug!(error = %e, "port {port} still taken");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("bind 127.0.0.1:{port}: {e}"),
+        }
+    };
     let addr = listener.local_addr().expect("addr");
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
@@ -144,15 +170,23 @@ async fn serve(port: u16, tls: Option<tonic::transport::ServerTlsConfig>) -> Ser
         .add_service(IstioCertificateServiceServer::new(Scripted))
         .add_service(AggregatedDiscoveryServiceServer::new(Echo));
     let (stop, stopped) = oneshot::channel::<()>();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&accepted);
+    let incoming = TcpListenerStream::new(listener).map(move |tcp| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        tcp
+    });
     tokio::spawn(async move {
         let stopped = async {
             let _ = stopped.await;
         };
-        let _ = router
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped)
-            .await;
+        let _ = router.serve_with_incoming_shutdown(incoming, stopped).await;
     });
-    Server { addr, _stop: stop }
+    Server {
+        addr,
+        accepted,
+        _stop: stop,
+    }
 }
 
 fn plain(addr: SocketAddr) -> Channel {
@@ -217,6 +251,7 @@ async fn unary_calls_carry_metadata_and_statuses() {
             .expect("after errors"),
         ["xxxxxxxxxx"]
     );
+    assert_eq!(server.connections(), 1, "one connection for every call");
 }
 
 #[tokio::test]
@@ -266,8 +301,10 @@ async fn a_channel_dials_again_after_the_server_came_back() {
         }
     }
     assert_eq!(down.expect("server down").code(), Code::Unavailable);
-    let _server = serve(addr.port(), None).await;
+    let server = serve(addr.port(), None).await;
     create(&channel, "big:1", None).await.expect("dialed again");
+    create(&channel, "big:1", None).await.expect("and kept");
+    assert_eq!(server.connections(), 1);
 }
 
 #[tokio::test]
@@ -289,13 +326,13 @@ async fn streaming_calls_send_first_requests_before_headers_and_read_the_end() {
 
     let mut metadata = HeaderMap::new();
     metadata.insert("authorization", HeaderValue::from_static("Bearer t"));
-    let (mut sink, mut responses) = channel
-        .streaming::<_, DeltaDiscoveryResponse>(
-            path,
-            &metadata,
-            &[request("a", 1), request("b", 0)],
-        )
+    // The server answers the headers only after the first request: awaiting them before
+    // sending would never end.
+    let first = [request("a", 1), request("b", 0)];
+    let opening = channel.streaming::<_, DeltaDiscoveryResponse>(path, &metadata, &first);
+    let (mut sink, mut responses) = tokio::time::timeout(Duration::from_secs(10), opening)
         .await
+        .expect("the first requests went before the headers were awaited")
         .expect("open");
     let first = responses.message().await.expect("a").expect("some");
     assert_eq!((first.nonce.as_str(), first.resources.len()), ("a", 1));
@@ -318,6 +355,7 @@ async fn streaming_calls_send_first_requests_before_headers_and_read_the_end() {
     let aborted = responses.message().await.expect_err("aborted");
     assert_eq!(aborted.code(), Code::Aborted);
     assert_eq!(aborted.message(), "asked to abort");
+    assert_eq!(server.connections(), 1, "both streams on one connection");
 }
 
 #[tokio::test]
@@ -420,4 +458,116 @@ async fn nothing_listening_is_unavailable() {
         .expect_err("refused");
     assert_eq!(err.code(), Code::Unavailable);
     assert!(err.message().contains(&addr.to_string()), "{err}");
+}
+
+/// A bare HTTP/2 server giving, by path, the answers a well-behaved gRPC server never gives.
+/// Unary paths read the request to its end first; `/stream-*` paths answer at once.
+async fn raw_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut connection) = h2::server::handshake(tcp).await else {
+                    return;
+                };
+                while let Some(Ok((request, respond))) = connection.accept().await {
+                    tokio::spawn(answer(request, respond));
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn head(status: u16, content_type: &str, grpc_status: Option<&str>) -> http::Response<()> {
+    let mut head = http::Response::builder()
+        .status(status)
+        .header("content-type", content_type);
+    if let Some(code) = grpc_status {
+        head = head.header("grpc-status", code);
+    }
+    head.body(()).expect("response head")
+}
+
+async fn answer(
+    request: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<bytes::Bytes>,
+) {
+    let path = request.uri().path().to_string();
+    if !path.starts_with("/stream-") {
+        let mut body = request.into_body();
+        while let Some(Ok(chunk)) = body.data().await {
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+    }
+    let grpc = "application/grpc";
+    let (head, body, trailers): (_, Option<&'static [u8]>, bool) = match path.as_str() {
+        "/teapot" => (head(418, "text/plain", None), None, false),
+        "/unauthorized" => (head(401, "text/plain", None), None, false),
+        "/html" => (head(200, "text/html", Some("0")), None, false),
+        "/grpc-web" => (head(200, "application/grpc-web", Some("0")), None, false),
+        "/ok-no-message" | "/stream-ok-no-message" => (head(200, grpc, Some("0")), None, false),
+        // The prefix says 10 bytes; 3 come.
+        "/cut" => (
+            head(200, grpc, None),
+            Some(&[0, 0, 0, 0, 10, 1, 2, 3]),
+            true,
+        ),
+        "/compressed" => (head(200, grpc, None), Some(&[1, 0, 0, 0, 1, 0]), true),
+        // One empty message, then the stream ends with no trailers.
+        "/no-status" => (head(200, grpc, None), Some(&[0, 0, 0, 0, 0]), false),
+        _ => (head(404, "text/plain", None), None, false),
+    };
+    let Some(body) = body else {
+        let _ = respond.send_response(head, true);
+        return;
+    };
+    let Ok(mut send) = respond.send_response(head, false) else {
+        return;
+    };
+    let _ = send.send_data(bytes::Bytes::from_static(body), !trailers);
+    if trailers {
+        let mut fields = HeaderMap::new();
+        fields.insert("grpc-status", HeaderValue::from_static("0"));
+        let _ = send.send_trailers(fields);
+    }
+}
+
+#[tokio::test]
+async fn answers_that_are_not_proper_grpc_end_calls_with_a_clear_status() {
+    let channel = plain(raw_server().await);
+    for (path, code, says) in [
+        ("/teapot", Code::Unknown, "418"),
+        ("/unauthorized", Code::Unauthenticated, "401"),
+        ("/html", Code::Unknown, "text/html"),
+        ("/grpc-web", Code::Unknown, "application/grpc-web"),
+        (
+            "/ok-no-message",
+            Code::Internal,
+            "without a response message",
+        ),
+        ("/cut", Code::Internal, "inside a message"),
+        ("/compressed", Code::Internal, "compressed"),
+        ("/no-status", Code::Internal, "without a grpc-status"),
+    ] {
+        let status = channel
+            .unary::<_, IstioCertificateResponse>(path, &HeaderMap::new(), &script("x"), None)
+            .await
+            .expect_err(path);
+        assert_eq!(status.code(), code, "{path}: {status}");
+        assert!(status.message().contains(says), "{path}: {status}");
+    }
+    // A streaming call the server ends at once with OK has no messages, and is no error.
+    let (_sink, mut responses) = channel
+        .streaming::<IstioCertificateRequest, IstioCertificateResponse>(
+            "/stream-ok-no-message",
+            &HeaderMap::new(),
+            &[],
+        )
+        .await
+        .expect("open");
+    assert_eq!(responses.message().await.expect("ended with OK"), None);
 }
