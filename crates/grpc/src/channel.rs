@@ -116,36 +116,26 @@ impl Channel {
     ) -> Result<(h2::client::ResponseFuture, h2::SendStream<Bytes>), Status> {
         let request = self.request(path, metadata, timeout)?;
         let mut connection = self.connection.lock().await;
-        // A kept connection may have ended since its last use: then dial once more. The kept
-        // sender is cloned, never taken, so a call given up half-way leaves it in place.
-        let mut sender = None;
-        for fresh in [false, true] {
-            let candidate = match connection.as_ref() {
-                Some(kept) if !fresh => kept.clone(),
-                _ => {
-                    let dialed = self.endpoint.dial().await?;
-                    *connection = Some(dialed.clone());
-                    dialed
-                }
-            };
-            match candidate.ready().await {
-                Ok(ready) => {
-                    sender = Some(ready);
-                    break;
-                }
-                Err(e) if !fresh => {
+        // The kept sender is cloned, never taken, so a call given up half-way leaves it in place.
+        let kept = match connection.as_ref() {
+            Some(kept) => match kept.clone().ready().await {
+                Ok(ready) => Some(ready),
+                Err(e) => {
                     tracing::debug!(address = %self.endpoint.address, error = %e, "gRPC connection ended; dialing again");
+                    None
                 }
-                Err(e) => return Err(Status::from_h2(&e)),
-            }
-        }
-        drop(connection);
-        let Some(mut sender) = sender else {
-            return Err(Status::new(
-                Code::Unavailable,
-                format!("{}: no usable connection", self.endpoint.address),
-            ));
+            },
+            None => None,
         };
+        let mut sender = match kept {
+            Some(ready) => ready,
+            None => {
+                let dialed = self.endpoint.dial().await?;
+                *connection = Some(dialed.clone());
+                dialed.ready().await.map_err(|e| Status::from_h2(&e))?
+            }
+        };
+        drop(connection);
         sender
             .send_request(request, false)
             .map_err(|e| Status::from_h2(&e))

@@ -1,7 +1,9 @@
 //! Where a channel dials: `http://host:port` (HTTP/2 over TCP, h2c) or `https://host:port`
 //! (TLS 1.3 with ALPN `h2`, the server's certificate verified by name against a PEM root file).
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +16,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::status::{Code, Status};
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// How long dialing (TCP and TLS) may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -152,8 +156,13 @@ impl Endpoint {
         &self.address
     }
 
-    /// A new HTTP/2 connection, its driver spawned on the runtime.
-    pub(crate) async fn dial(&self) -> Result<h2::client::SendRequest<Bytes>, Status> {
+    /// A new HTTP/2 connection, its driver spawned on the runtime. Boxed: dialing is rare, and
+    /// one shared copy of its code beats copies inlined at each use.
+    pub(crate) fn dial(&self) -> BoxFuture<'_, Result<h2::client::SendRequest<Bytes>, Status>> {
+        Box::pin(self.dial_now())
+    }
+
+    async fn dial_now(&self) -> Result<h2::client::SendRequest<Bytes>, Status> {
         let unavailable =
             |detail: String| Status::new(Code::Unavailable, format!("{}: {detail}", self.address));
         let dialing = async {
