@@ -96,6 +96,13 @@ impl Running {
         self.dir.path().join("token")
     }
 
+    async fn wait_ready(&mut self) {
+        tokio::time::timeout(WAIT, self.ready.wait_for(|r| *r))
+            .await
+            .expect("ready in time")
+            .expect("client alive");
+    }
+
     async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
             stop.send(()).expect("client still running");
@@ -202,10 +209,7 @@ async fn initial_state_is_applied_acked_and_ready_after_both_types() {
     ads.set(ADDRESS, "w2", b"two".to_vec());
     ads.set(AUTHORIZATION, "ns/p", b"policy".to_vec());
     let mut run = start(ads);
-    tokio::time::timeout(WAIT, run.ready.wait_for(|r| *r))
-        .await
-        .expect("ready in time")
-        .expect("client alive");
+    run.wait_ready().await;
     let calls = run.handler.calls.lock().expect("lock").clone();
     assert!(calls.iter().any(|t| t == ADDRESS) && calls.iter().any(|t| t == AUTHORIZATION));
     assert_eq!(run.handler.names(ADDRESS), vec!["w1", "w2"]);
@@ -243,10 +247,7 @@ async fn a_first_response_of_many_megabytes_is_applied() {
     }
     ads.set(AUTHORIZATION, "ns/p", b"policy".to_vec());
     let mut run = start(ads);
-    tokio::time::timeout(WAIT, run.ready.wait_for(|r| *r))
-        .await
-        .expect("ready in time")
-        .expect("client alive");
+    run.wait_ready().await;
     assert_eq!(run.handler.names(ADDRESS), names);
     assert_eq!(run.handler.get(ADDRESS, "w59"), Some(body));
     let first = run
