@@ -868,12 +868,13 @@ fn waypoint_rotates_its_certificate_and_survives_an_envoy_crash() {
     assert!(!first.is_empty(), "Envoy holds a certificate");
     // 10 requests a second for 10 s, over at least two rotations.
     let start = Instant::now();
-    let (mut sent, mut failed) = (0, 0);
+    let (mut sent, mut failed) = (0, Vec::new());
     let mut seen = first.clone();
     while start.elapsed() < Duration::from_secs(10) {
         sent += 1;
-        if status(get(&client.netns, "/", &[])) != 200 {
-            failed += 1;
+        let response = get(&client.netns, "/", &[]);
+        if status(response.clone()) != 200 {
+            failed.push((start.elapsed(), response));
         }
         for s in envoy_serials(wp) {
             if !seen.contains(&s) {
@@ -882,11 +883,12 @@ fn waypoint_rotates_its_certificate_and_survives_an_envoy_crash() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(
-        failed,
-        0,
-        "{failed} of {sent} requests failed\n{}",
-        wp.log()
+    assert!(
+        failed.is_empty(),
+        "{} of {sent} requests failed (after, response): {failed:?}\n--- waypoint\n{}\n{}",
+        failed.len(),
+        wp.log(),
+        c.logs()
     );
     assert!(
         seen.len() >= first.len() + 2,
