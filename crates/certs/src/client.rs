@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -13,10 +12,8 @@ use futures::future::BoxFuture;
 use http::Uri;
 use hyper_util::rt::TokioIo;
 use mesh_grpc::SetupError;
-use mesh_identity::tls::{client_config_for_server_name, parse_certs};
 use mesh_identity::{generate_csr, Identity};
 use mesh_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
-use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
@@ -172,7 +169,10 @@ pub fn grpc_channel(address: &str, root_cert_path: &std::path::Path) -> Result<C
     match uri.scheme_str() {
         Some("http") => Ok(endpoint(&format!("http://{authority}"), address)?.connect_lazy()),
         Some("https") => {
-            let connector = TlsConnect::new(address, root_cert_path, authority.host())?;
+            let connector = TlsConnect(
+                mesh_grpc::TlsConnector::from_root_file(address, root_cert_path, authority.host())
+                    .map_err(|e| setup_error(address, e))?,
+            );
             // tonic would insist on its own TLS for an https endpoint: dial "http" with our
             // rustls connector and keep `https` as the request origin.
             Ok(endpoint(&format!("http://{authority}"), address)?
@@ -212,41 +212,10 @@ fn impersonation(identity: &Identity) -> prost_types::Struct {
     }
 }
 
-/// Dials TCP and runs a TLS 1.3 handshake verifying the CA by DNS name against the root file.
+/// Dials TCP and runs a TLS 1.3 handshake verifying the CA by DNS name against the root file
+/// (the connector of ztunnel's own gRPC client), for tonic.
 #[derive(Clone)]
-struct TlsConnect {
-    config: Arc<rustls::ClientConfig>,
-    server_name: ServerName<'static>,
-}
-
-impl TlsConnect {
-    fn new(
-        address: &str,
-        root_cert_path: &std::path::Path,
-        host: &str,
-    ) -> Result<TlsConnect, CertError> {
-        let path = root_cert_path.display().to_string();
-        let pem = std::fs::read_to_string(root_cert_path).map_err(|e| CertError::RootCert {
-            path: path.clone(),
-            detail: e.to_string(),
-        })?;
-        let roots = parse_certs(&pem, "CA root certificate").map_err(|e| CertError::RootCert {
-            path,
-            detail: e.to_string(),
-        })?;
-        let tls = client_config_for_server_name(&roots).map_err(CertError::Tls)?;
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let server_name =
-            ServerName::try_from(host.to_string()).map_err(|e| CertError::BadAddress {
-                address: address.to_string(),
-                detail: e.to_string(),
-            })?;
-        Ok(TlsConnect {
-            config: Arc::new(tls),
-            server_name,
-        })
-    }
-}
+struct TlsConnect(mesh_grpc::TlsConnector);
 
 type TlsIo = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
 
@@ -260,8 +229,7 @@ impl tonic::codegen::Service<Uri> for TlsConnect {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let connector = tokio_rustls::TlsConnector::from(self.config.clone());
-        let server_name = self.server_name.clone();
+        let connector = self.0.clone();
         Box::pin(async move {
             let host = uri.host().unwrap_or_default();
             let host = host
@@ -271,7 +239,7 @@ impl tonic::codegen::Service<Uri> for TlsConnect {
             let port = uri.port_u16().unwrap_or(443);
             let tcp = TcpStream::connect((host.as_str(), port)).await?;
             tcp.set_nodelay(true)?;
-            let tls = connector.connect(server_name, tcp).await?;
+            let tls = connector.connect(tcp).await?;
             Ok(TokioIo::new(tls))
         })
     }

@@ -33,11 +33,6 @@ impl Endpoint {
 }
 
 impl Channel {
-    /// The address as given.
-    pub fn address(&self) -> &str {
-        &self.endpoint.address
-    }
-
     /// A unary call: `path` is `/package.Service/Method`; `metadata` goes out as request headers.
     /// With a `timeout` the server is told (`grpc-timeout`) and the call gives up after it with
     /// `DeadlineExceeded`.

@@ -50,10 +50,64 @@ impl SetupError {
     }
 }
 
+/// TLS 1.3 (ALPN `h2`) to one server name, verified against the PEM roots of a file.
 #[derive(Clone)]
-struct Tls {
+pub struct TlsConnector {
     connector: tokio_rustls::TlsConnector,
     server_name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for TlsConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnector")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsConnector {
+    /// Reads the roots at `root_cert_path` now; the server must be `server_name` (brackets of
+    /// an IPv6 literal are dropped). `address` only names the server in errors.
+    pub fn from_root_file(
+        address: &str,
+        root_cert_path: &Path,
+        server_name: &str,
+    ) -> Result<TlsConnector, SetupError> {
+        let path = root_cert_path.display().to_string();
+        let pem = std::fs::read_to_string(root_cert_path).map_err(|e| SetupError::RootCert {
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
+        let roots = parse_certs(&pem, "root certificate").map_err(|e| SetupError::RootCert {
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
+        if roots.is_empty() {
+            return Err(SetupError::RootCert {
+                path,
+                detail: "it holds no PEM certificate".to_string(),
+            });
+        }
+        let config = client_config_for_server_name(&roots).map_err(SetupError::Tls)?;
+        let name = server_name.trim_start_matches('[').trim_end_matches(']');
+        let server_name =
+            ServerName::try_from(name.to_string()).map_err(|e| SetupError::BadAddress {
+                address: address.to_string(),
+                detail: format!("server name {name:?}: {e}"),
+            })?;
+        Ok(TlsConnector {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            server_name,
+        })
+    }
+
+    /// The TLS handshake over `tcp`.
+    pub async fn connect(
+        &self,
+        tcp: TcpStream,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        self.connector.connect(self.server_name.clone(), tcp).await
+    }
 }
 
 /// A server's address and how to reach it. [`Endpoint::channel`] makes the (lazily dialing)
@@ -65,7 +119,7 @@ pub struct Endpoint {
     pub(crate) authority: Authority,
     host: String,
     port: u16,
-    tls: Option<Tls>,
+    tls: Option<TlsConnector>,
     connect_timeout: Duration,
     pub(crate) max_message: usize,
     stream_window: u32,
@@ -110,11 +164,8 @@ impl Endpoint {
             Some("http") => (Scheme::HTTP, 80, None),
             Some("https") => {
                 let name = server_name.unwrap_or(&host);
-                (
-                    Scheme::HTTPS,
-                    443,
-                    Some(tls(address, root_cert_path, name)?),
-                )
+                let tls = TlsConnector::from_root_file(address, root_cert_path, name)?;
+                (Scheme::HTTPS, 443, Some(tls))
             }
             other => return Err(bad(format!("unsupported scheme {other:?}"))),
         };
@@ -151,11 +202,6 @@ impl Endpoint {
         self
     }
 
-    /// The address as given.
-    pub fn address(&self) -> &str {
-        &self.address
-    }
-
     /// A new HTTP/2 connection, its driver spawned on the runtime. Boxed: dialing is rare, and
     /// one shared copy of its code beats copies inlined at each use.
     pub(crate) fn dial(&self) -> BoxFuture<'_, Result<h2::client::SendRequest<Bytes>, Status>> {
@@ -175,8 +221,7 @@ impl Endpoint {
                 None => handshake(tcp, self).await,
                 Some(tls) => {
                     let stream = tls
-                        .connector
-                        .connect(tls.server_name.clone(), tcp)
+                        .connect(tcp)
                         .await
                         .map_err(|e| unavailable(format!("TLS handshake failed: {e}")))?;
                     // gRPC is HTTP/2 only: a server that did not agree to `h2` is refused now,
@@ -201,34 +246,6 @@ impl Endpoint {
                 )))
             })
     }
-}
-
-fn tls(address: &str, root_cert_path: &Path, server_name: &str) -> Result<Tls, SetupError> {
-    let path = root_cert_path.display().to_string();
-    let pem = std::fs::read_to_string(root_cert_path).map_err(|e| SetupError::RootCert {
-        path: path.clone(),
-        detail: e.to_string(),
-    })?;
-    let roots = parse_certs(&pem, "root certificate").map_err(|e| SetupError::RootCert {
-        path: path.clone(),
-        detail: e.to_string(),
-    })?;
-    if roots.is_empty() {
-        return Err(SetupError::RootCert {
-            path,
-            detail: "it holds no PEM certificate".to_string(),
-        });
-    }
-    let config = client_config_for_server_name(&roots).map_err(SetupError::Tls)?;
-    let server_name =
-        ServerName::try_from(server_name.to_string()).map_err(|e| SetupError::BadAddress {
-            address: address.to_string(),
-            detail: format!("server name {server_name:?}: {e}"),
-        })?;
-    Ok(Tls {
-        connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
-        server_name,
-    })
 }
 
 async fn handshake<T>(io: T, endpoint: &Endpoint) -> Result<h2::client::SendRequest<Bytes>, Status>

@@ -19,5 +19,7 @@ mod endpoint;
 mod status;
 
 pub use channel::{Channel, RequestSink, ResponseStream};
-pub use endpoint::{Endpoint, SetupError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_MESSAGE};
+pub use endpoint::{
+    Endpoint, SetupError, TlsConnector, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_MESSAGE,
+};
 pub use status::{Code, Status};
