@@ -159,6 +159,25 @@ pub struct Config {
     #[arg(long, env = "NETWORK", default_value = "")]
     pub network: String,
 
+    /// HTTP/2 PING interval on the xDS and CA connections (Istio's flag of this name); a
+    /// connection whose PING goes unanswered for `--keepaliveTimeout` is closed, so a proxy that
+    /// vanished without closing its connection does not hold istiod's state for it.
+    #[arg(long = "keepaliveInterval", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+
+    /// How long a keepalive PING may go unanswered (Istio's flag of this name).
+    #[arg(long = "keepaliveTimeout", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+
+    /// Connections older than this are closed gracefully (GOAWAY, then 10 s for the calls in
+    /// flight), so that proxies spread again over istiod's replicas (Istio's flag of this name;
+    /// unset: never. Istio's chart passes `pilot.keepaliveMaxServerConnectionAge`, 30m).
+    #[arg(long = "keepaliveMaxServerConnectionAge", value_parser = humantime::parse_duration)]
+    #[serde(with = "humantime_serde::option")]
+    pub keepalive_max_server_connection_age: Option<Duration>,
+
     /// Longest certificate lifetime the CA issues; longer requests are capped.
     #[arg(long, env = "MAX_WORKLOAD_CERT_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde")]
@@ -209,6 +228,21 @@ mod humantime_serde {
 
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    /// An optional duration: the string, or null.
+    pub mod option {
+        use std::time::Duration;
+
+        pub fn serialize<S: serde::Serializer>(
+            d: &Option<Duration>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match d {
+                Some(d) => super::serialize(d, s),
+                None => s.serialize_none(),
+            }
+        }
     }
 }
 
@@ -261,6 +295,18 @@ impl Config {
         if let Err(e) = crate::ca::parse_node_accounts(&self.ca_trusted_node_accounts) {
             problems.push(e);
         }
+        for (flag, value) in [
+            ("--keepaliveInterval", Some(self.keepalive_interval)),
+            ("--keepaliveTimeout", Some(self.keepalive_timeout)),
+            (
+                "--keepaliveMaxServerConnectionAge",
+                self.keepalive_max_server_connection_age,
+            ),
+        ] {
+            if value.is_some_and(|d| d.is_zero()) {
+                problems.push(format!("{flag} must be > 0"));
+            }
+        }
         if self.debounce_after.is_zero() || self.debounce_after > self.debounce_max {
             problems.push(format!(
                 "PILOT_DEBOUNCE_AFTER ({:?}) must be > 0 and <= PILOT_DEBOUNCE_MAX ({:?})",
@@ -302,10 +348,12 @@ mod tests {
             "--tokens-file=/nonexistent",
             "--debounce-after=20s",
             "--trust-domain=a/b",
+            "--keepaliveTimeout=0s",
         ])
         .expect("parses");
         let err = cfg.validate().expect_err("invalid").to_string();
         for needle in [
+            "--keepaliveTimeout",
             "ISTIOD_CONFIG_DIR",
             "ISTIOD_TOKENS_FILE",
             "PILOT_DEBOUNCE_AFTER",
@@ -325,5 +373,32 @@ mod tests {
         assert_eq!(cfg.debounce_after, Duration::from_millis(100));
         assert_eq!(cfg.debounce_max, Duration::from_secs(10));
         assert_eq!(cfg.cluster_id, "Kubernetes");
+        assert_eq!(cfg.keepalive_interval, Duration::from_secs(30));
+        assert_eq!(cfg.keepalive_timeout, Duration::from_secs(10));
+        assert_eq!(cfg.keepalive_max_server_connection_age, None);
+        let cfg = Config::try_parse_from([
+            "istiod",
+            "--config-dir=.",
+            "--keepaliveMaxServerConnectionAge",
+            "30m",
+        ])
+        .expect("parses");
+        assert_eq!(
+            cfg.keepalive_max_server_connection_age,
+            Some(Duration::from_secs(1800))
+        );
+        // Go's duration strings, as Istio's chart values are written.
+        let cfg = Config::try_parse_from([
+            "istiod",
+            "--config-dir=.",
+            "--keepaliveMaxServerConnectionAge=1h30m",
+            "--keepaliveInterval=15s",
+        ])
+        .expect("parses");
+        assert_eq!(
+            cfg.keepalive_max_server_connection_age,
+            Some(Duration::from_secs(5400))
+        );
+        assert_eq!(cfg.keepalive_interval, Duration::from_secs(15));
     }
 }

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod ca;
 pub mod config;
+pub mod connection_age;
 pub mod debug;
 pub mod envoy;
 pub mod inject;

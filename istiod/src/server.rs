@@ -17,12 +17,14 @@ use mesh_source::{
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 
 use crate::auth::{Authenticator, RequireAuth, TokenFileAuthenticator, TokenReviewAuthenticator};
 use crate::ca::{CaService, NodeLocator};
 use crate::config::Config;
+use crate::connection_age::AgedIo;
 use crate::debug::{self, DebugViews};
 use crate::live_ca::{watch_cacerts, LiveCa, ReloadStats};
 use crate::metrics::{CaCollector, CaReloadCollector, KubeSourceCollector, PushMetrics};
@@ -354,9 +356,13 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
     let secure = bind(config.secure_grpc_addr)?;
     let grpc_addr = local(&grpc, config.grpc_addr);
     let secure_grpc_addr = local(&secure, config.secure_grpc_addr);
+    let keepalive = Keepalive::of(&config);
     tasks.spawn(serve_plaintext(
-        grpc,
-        grpc_addr,
+        GrpcListener {
+            listener: grpc,
+            addr: grpc_addr,
+            keepalive,
+        },
         xds.clone(),
         shutdown.clone(),
     ));
@@ -370,8 +376,11 @@ pub async fn start(mut config: Config) -> Result<Running, ServerError> {
     // Renew istiod's own certificate at half-life (and with a new CA) until shutdown.
     tasks.spawn(until_shutdown(shutdown.clone(), serving.renew_forever()));
     tasks.spawn(serve_secure(
-        secure,
-        secure_grpc_addr,
+        GrpcListener {
+            listener: secure,
+            addr: secure_grpc_addr,
+            keepalive,
+        },
         tls,
         xds.clone(),
         ca_service,
@@ -646,26 +655,82 @@ async fn apply_mesh_config(client: &kube::Client, config: &mut Config) {
 fn incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener)
         .with_nodelay(Some(true))
-        .with_keepalive(Some(Duration::from_secs(180)))
+        .with_keepalive(Some(crate::serving_tls::TCP_KEEPALIVE))
+}
+
+/// The gRPC servers' connection keepalive (`--keepalive*`, as Istio's).
+#[derive(Debug, Clone, Copy)]
+struct Keepalive {
+    interval: Duration,
+    timeout: Duration,
+    max_age: Option<Duration>,
+}
+
+/// How long calls in flight may go on after a connection's maximum age sent GOAWAY (Istio's
+/// default; it has no flag). Then the connection is closed ([`AgedIo`]).
+const MAX_AGE_GRACE: Duration = Duration::from_secs(10);
+
+impl Keepalive {
+    fn of(config: &Config) -> Keepalive {
+        Keepalive {
+            interval: config.keepalive_interval,
+            timeout: config.keepalive_timeout,
+            max_age: config.keepalive_max_server_connection_age,
+        }
+    }
+
+    /// A gRPC server that PINGs its connections and closes them when a PING goes unanswered,
+    /// and sends GOAWAY at the maximum age.
+    fn server(self) -> Server {
+        let server = Server::builder()
+            .http2_keepalive_interval(Some(self.interval))
+            .http2_keepalive_timeout(Some(self.timeout));
+        match self.max_age {
+            Some(age) => server.max_connection_age(age),
+            None => server,
+        }
+    }
+
+    /// An accepted connection, closed at the maximum age plus the grace.
+    fn aged<T>(self, io: T) -> AgedIo<T> {
+        AgedIo::new(io, self.max_age.map(|age| age + MAX_AGE_GRACE))
+    }
+}
+
+/// A gRPC port: its socket, its address and its connections' keepalive.
+struct GrpcListener {
+    listener: TcpListener,
+    addr: SocketAddr,
+    keepalive: Keepalive,
 }
 
 async fn serve_plaintext(
-    listener: TcpListener,
-    addr: SocketAddr,
+    GrpcListener {
+        listener,
+        addr,
+        keepalive,
+    }: GrpcListener,
     xds: XdsServer<Snapshot>,
     shutdown: Shutdown,
 ) -> Result<(), ServerError> {
     tracing::info!(%addr, "xDS (plaintext) listening");
-    Server::builder()
+    keepalive
+        .server()
         .add_service(xds.into_service())
-        .serve_with_incoming_shutdown(incoming(listener), shutdown.wait())
+        .serve_with_incoming_shutdown(
+            incoming(listener).map(move |io| io.map(|io| keepalive.aged(io))),
+            shutdown.wait(),
+        )
         .await
         .map_err(|source| ServerError::Grpc { addr, source })
 }
 
 async fn serve_secure(
-    listener: TcpListener,
-    addr: SocketAddr,
+    GrpcListener {
+        listener,
+        addr,
+        keepalive,
+    }: GrpcListener,
     tls: rustls::ServerConfig,
     xds: XdsServer<Snapshot>,
     ca: CaService,
@@ -674,8 +739,10 @@ async fn serve_secure(
 ) -> Result<(), ServerError> {
     tracing::info!(%addr, "xDS and CA (TLS) listening");
     let xds = RequireAuth::new(xds.into_service(), authenticator);
-    let incoming = tokio_stream::wrappers::ReceiverStream::new(tls_incoming(listener, tls));
-    Server::builder()
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(tls_incoming(listener, tls))
+        .map(move |io| io.map(|io| keepalive.aged(io)));
+    keepalive
+        .server()
         .add_service(xds)
         .add_service(ca.into_server())
         .serve_with_incoming_shutdown(incoming, shutdown.wait())

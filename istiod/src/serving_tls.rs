@@ -19,6 +19,8 @@ use crate::live_ca::LiveCa;
 
 /// How long a TLS handshake may take before the connection is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Idle time before TCP keepalive probes a connection of istiod's servers.
+pub const TCP_KEEPALIVE: Duration = Duration::from_secs(180);
 /// Retry delay when issuing a new serving certificate fails.
 const RETRY: Duration = Duration::from_secs(30);
 
@@ -179,6 +181,10 @@ pub fn tls_incoming(
                 },
             };
             let _ = tcp.set_nodelay(true);
+            let keepalive = socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE);
+            if let Err(e) = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive) {
+                tracing::debug!(%peer, error = %e, "cannot set TCP keepalive");
+            }
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use http::Uri;
 use hyper_util::rt::TokioIo;
-use mesh_grpc::SetupError;
+use mesh_grpc::{keepalive, SetupError};
 use mesh_identity::{generate_csr, Identity};
 use mesh_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use tokio::net::TcpStream;
@@ -188,7 +188,14 @@ fn endpoint(uri: &str, address: &str) -> Result<Endpoint, CertError> {
         address: address.to_string(),
         detail: e.to_string(),
     })?;
-    Ok(endpoint.connect_timeout(CONNECT_TIMEOUT))
+    // The keepalive of ztunnel's own client (mesh_grpc::keepalive): PINGs only while a call is
+    // open, TCP keepalive on the socket (tonic sets it for `http`; `https` dials through ours).
+    Ok(endpoint
+        .connect_timeout(CONNECT_TIMEOUT)
+        .http2_keep_alive_interval(keepalive::PING_INTERVAL)
+        .keep_alive_timeout(keepalive::PING_TIMEOUT)
+        .keep_alive_while_idle(false)
+        .tcp_keepalive(Some(keepalive::TCP_IDLE)))
 }
 
 /// The channel's setup errors, as the CA client names them.
@@ -237,8 +244,7 @@ impl tonic::codegen::Service<Uri> for TlsConnect {
                 .trim_end_matches(']')
                 .to_string();
             let port = uri.port_u16().unwrap_or(443);
-            let tcp = TcpStream::connect((host.as_str(), port)).await?;
-            tcp.set_nodelay(true)?;
+            let tcp = keepalive::dial_tcp(&host, port).await?;
             let tls = connector.connect(tcp).await?;
             Ok(TokioIo::new(tls))
         })

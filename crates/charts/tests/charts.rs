@@ -510,6 +510,25 @@ fn istiod_serves_xds_ca_and_webhooks_and_trusts_ztunnel() {
         discovery.image.as_deref(),
         Some("localhost/mesh/pilot:0.1.0-distroless")
     );
+    // Istio's 30-minute connection age, passed as Istio's chart passes it; extra arguments
+    // follow, and an empty age passes none.
+    assert_eq!(
+        discovery.args.as_deref(),
+        Some(
+            ["--keepaliveMaxServerConnectionAge", "30m"]
+                .map(String::from)
+                .as_slice()
+        )
+    );
+    let tuned = render(
+        "istiod",
+        json!({"keepaliveMaxServerConnectionAge": "", "extraContainerArgs": ["--keepaliveInterval=20s"]}),
+    );
+    let tuned_pod = deployment_pod(&tuned, "istiod");
+    assert_eq!(
+        container(&tuned_pod, "discovery").args.as_deref(),
+        Some(["--keepaliveInterval=20s".to_string()].as_slice())
+    );
     let waypoints = container(&pod, "waypoint-controller");
     assert_eq!(env(waypoints, "TAG"), Some("0.1.0-distroless"));
     assert_eq!(

@@ -9,8 +9,9 @@ use bytes::Bytes;
 use http::HeaderMap;
 use tokio::sync::Mutex;
 
-use crate::endpoint::Endpoint;
+use crate::endpoint::{Dialed, Endpoint};
 use crate::framing::{self, Frames};
+use crate::keepalive::CallOpen;
 use crate::status::{Code, Status};
 
 const USER_AGENT: &str = concat!("mesh-grpc/", env!("CARGO_PKG_VERSION"));
@@ -19,7 +20,7 @@ const USER_AGENT: &str = concat!("mesh-grpc/", env!("CARGO_PKG_VERSION"));
 #[derive(Clone, Debug)]
 pub struct Channel {
     endpoint: Arc<Endpoint>,
-    connection: Arc<Mutex<Option<h2::client::SendRequest<Bytes>>>>,
+    connection: Arc<Mutex<Option<Dialed>>>,
 }
 
 impl Endpoint {
@@ -49,10 +50,10 @@ impl Channel {
     {
         let call = async {
             let body = framing::encode(request)?;
-            let (response, mut send) = self.start(path, metadata, timeout).await?;
+            let (response, mut send, open) = self.start(path, metadata, timeout).await?;
             send.send_data(body, true)
                 .map_err(|e| Status::from_h2(&e))?;
-            let mut responses = ResponseStream::<Resp>::new(response.await, &self.endpoint)?;
+            let mut responses = ResponseStream::<Resp>::new(response.await, &self.endpoint, open)?;
             let Some(message) = responses.message().await? else {
                 return Err(Status::new(
                     Code::Internal,
@@ -90,7 +91,7 @@ impl Channel {
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
-        let (response, send) = self.start(path, metadata, None).await?;
+        let (response, send, open) = self.start(path, metadata, None).await?;
         let mut sink = RequestSink {
             send,
             _message: PhantomData,
@@ -98,23 +99,24 @@ impl Channel {
         for request in first {
             sink.send(request)?;
         }
-        let responses = ResponseStream::new(response.await, &self.endpoint)?;
+        let responses = ResponseStream::new(response.await, &self.endpoint, open)?;
         Ok((sink, responses))
     }
 
-    /// Opens a stream on the connection, dialing when there is none or it has ended.
+    /// Opens a stream on the connection, dialing when there is none or it has ended. The call
+    /// counts as open (for the connection's PINGs) while the returned guard lives.
     async fn start(
         &self,
         path: &str,
         metadata: &HeaderMap,
         timeout: Option<Duration>,
-    ) -> Result<(h2::client::ResponseFuture, h2::SendStream<Bytes>), Status> {
+    ) -> Result<(h2::client::ResponseFuture, h2::SendStream<Bytes>, CallOpen), Status> {
         let request = self.request(path, metadata, timeout)?;
         let mut connection = self.connection.lock().await;
         // The kept sender is cloned, never taken, so a call given up half-way leaves it in place.
         let kept = match connection.as_ref() {
-            Some(kept) => match kept.clone().ready().await {
-                Ok(ready) => Some(ready),
+            Some((kept, calls)) => match kept.clone().ready().await {
+                Ok(ready) => Some((ready, calls.clone())),
                 Err(e) => {
                     tracing::debug!(address = %self.endpoint.address, error = %e, "gRPC connection ended; dialing again");
                     None
@@ -122,18 +124,21 @@ impl Channel {
             },
             None => None,
         };
-        let mut sender = match kept {
+        let (mut sender, calls) = match kept {
             Some(ready) => ready,
             None => {
-                let dialed = self.endpoint.dial().await?;
-                *connection = Some(dialed.clone());
-                dialed.ready().await.map_err(|e| Status::from_h2(&e))?
+                let (dialed, calls) = self.endpoint.dial().await?;
+                *connection = Some((dialed.clone(), calls.clone()));
+                let ready = dialed.ready().await.map_err(|e| Status::from_h2(&e))?;
+                (ready, calls)
             }
         };
         drop(connection);
-        sender
+        let open = calls.enter();
+        let (response, send) = sender
             .send_request(request, false)
-            .map_err(|e| Status::from_h2(&e))
+            .map_err(|e| Status::from_h2(&e))?;
+        Ok((response, send, open))
     }
 
     fn request(
@@ -201,6 +206,8 @@ pub struct ResponseStream<M> {
     frames: Frames,
     /// The call has ended with OK: no more messages.
     ended: bool,
+    /// Keeps the call counted as open on its connection.
+    _open: CallOpen,
     _message: PhantomData<fn() -> M>,
 }
 
@@ -208,6 +215,7 @@ impl<M: prost::Message + Default> ResponseStream<M> {
     fn new(
         response: Result<http::Response<h2::RecvStream>, h2::Error>,
         endpoint: &Endpoint,
+        open: CallOpen,
     ) -> Result<ResponseStream<M>, Status> {
         let response = response.map_err(|e| Status::from_h2(&e))?;
         if response.status() != http::StatusCode::OK {
@@ -242,6 +250,7 @@ impl<M: prost::Message + Default> ResponseStream<M> {
             body: response.into_body(),
             frames: Frames::new(endpoint.max_message),
             ended,
+            _open: open,
             _message: PhantomData,
         })
     }

@@ -15,6 +15,7 @@ use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
+use crate::keepalive::{self, OpenCalls, PingEnd};
 use crate::status::{Code, Status};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -124,6 +125,8 @@ pub struct Endpoint {
     pub(crate) max_message: usize,
     stream_window: u32,
     connection_window: u32,
+    ping_interval: Option<Duration>,
+    ping_timeout: Duration,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -180,6 +183,8 @@ impl Endpoint {
             max_message: DEFAULT_MAX_MESSAGE,
             stream_window: STREAM_WINDOW,
             connection_window: CONNECTION_WINDOW,
+            ping_interval: Some(keepalive::PING_INTERVAL),
+            ping_timeout: keepalive::PING_TIMEOUT,
         })
     }
 
@@ -202,21 +207,28 @@ impl Endpoint {
         self
     }
 
+    /// HTTP/2 PINGs while a call is open: one every `interval` (`None`: never), the connection
+    /// closed when one goes unanswered for `timeout` (default 30 s and 10 s, as Istio's proxies;
+    /// see [`crate::keepalive`]).
+    pub fn keepalive(mut self, interval: Option<Duration>, timeout: Duration) -> Endpoint {
+        self.ping_interval = interval;
+        self.ping_timeout = timeout;
+        self
+    }
+
     /// A new HTTP/2 connection, its driver spawned on the runtime. Boxed: dialing is rare, and
     /// one shared copy of its code beats copies inlined at each use.
-    pub(crate) fn dial(&self) -> BoxFuture<'_, Result<h2::client::SendRequest<Bytes>, Status>> {
+    pub(crate) fn dial(&self) -> BoxFuture<'_, Result<Dialed, Status>> {
         Box::pin(self.dial_now())
     }
 
-    async fn dial_now(&self) -> Result<h2::client::SendRequest<Bytes>, Status> {
+    async fn dial_now(&self) -> Result<Dialed, Status> {
         let unavailable =
             |detail: String| Status::new(Code::Unavailable, format!("{}: {detail}", self.address));
         let dialing = async {
-            let tcp = TcpStream::connect((self.host.as_str(), self.port))
+            let tcp = keepalive::dial_tcp(&self.host, self.port)
                 .await
                 .map_err(|e| unavailable(format!("cannot connect: {e}")))?;
-            tcp.set_nodelay(true)
-                .map_err(|e| unavailable(format!("cannot set TCP_NODELAY: {e}")))?;
             match &self.tls {
                 None => handshake(tcp, self).await,
                 Some(tls) => {
@@ -248,12 +260,16 @@ impl Endpoint {
     }
 }
 
-async fn handshake<T>(io: T, endpoint: &Endpoint) -> Result<h2::client::SendRequest<Bytes>, Status>
+/// A dialed connection: the sender of its requests and the count of its open calls (which
+/// the connection's PINGs follow).
+pub(crate) type Dialed = (h2::client::SendRequest<Bytes>, OpenCalls);
+
+async fn handshake<T>(io: T, endpoint: &Endpoint) -> Result<Dialed, Status>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let address = &endpoint.address;
-    let (send, connection) = h2::client::Builder::new()
+    let (send, mut connection) = h2::client::Builder::new()
         .initial_window_size(endpoint.stream_window)
         .initial_connection_window_size(endpoint.connection_window)
         .handshake::<_, Bytes>(io)
@@ -264,12 +280,34 @@ where
                 format!("{address}: HTTP/2 handshake failed: {e}"),
             )
         })?;
+    let calls = OpenCalls::default();
+    let busy = calls.clone();
+    let timeout = endpoint.ping_timeout;
+    let pings = keepalive::pings(
+        connection.ping_pong(),
+        endpoint.ping_interval,
+        timeout,
+        move || busy.any(),
+    );
     let address = address.to_string();
     tokio::spawn(async move {
+        tokio::pin!(pings);
+        let ended = tokio::select! {
+            biased;
+            ended = &mut connection => ended,
+            end = &mut pings => match end {
+                PingEnd::TimedOut => {
+                    // Dropping the connection fails its calls (Unavailable); the next call dials.
+                    tracing::warn!(address = %address, ?timeout, "no answer to an HTTP/2 PING; closing the gRPC connection");
+                    return;
+                }
+                PingEnd::Closed => connection.await,
+            },
+        };
         // Every call on the connection sees the failure itself; this is the connection's.
-        if let Err(e) = connection.await {
+        if let Err(e) = ended {
             tracing::debug!(address = %address, error = %e, "gRPC connection ended");
         }
     });
-    Ok(send)
+    Ok((send, calls))
 }

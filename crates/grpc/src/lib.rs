@@ -9,10 +9,13 @@
 //! - [`Endpoint`] parses the address (`https://host:port` verified against a PEM root file,
 //!   or `http://host:port`) and makes a [`Channel`].
 //! - [`Channel::unary`] and [`Channel::streaming`] make calls; [`Status`] is how one ended badly.
+//! - A connection that died silently is noticed ([`keepalive`]): TCP keepalive, and HTTP/2
+//!   PINGs while a call is open.
 //! - Received messages are decoded from the DATA chunks as they came ([`framing`]): no stream
 //!   keeps a buffer the size of the largest message it ever read.
 
 pub mod framing;
+pub mod keepalive;
 
 mod channel;
 mod endpoint;

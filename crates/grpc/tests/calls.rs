@@ -20,6 +20,7 @@ use mesh_proto::discovery::aggregated_discovery_service_server::{
 use mesh_proto::discovery::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
+use mesh_testutil::SilentRelay;
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::StreamExt;
@@ -189,10 +190,13 @@ async fn serve(port: u16, tls: Option<tonic::transport::ServerTlsConfig>) -> Ser
     }
 }
 
+/// Plain-text HTTP/2 to `addr`.
+fn endpoint(addr: SocketAddr) -> Endpoint {
+    Endpoint::new(&format!("http://{addr}"), Path::new("/nonexistent"), None).expect("endpoint")
+}
+
 fn plain(addr: SocketAddr) -> Channel {
-    Endpoint::new(&format!("http://{addr}"), Path::new("/nonexistent"), None)
-        .expect("endpoint")
-        .channel()
+    endpoint(addr).channel()
 }
 
 fn script(csr: &str) -> IstioCertificateRequest {
@@ -257,27 +261,13 @@ async fn unary_calls_carry_metadata_and_statuses() {
 #[tokio::test]
 async fn messages_over_the_limit_are_refused_and_large_ones_under_it_arrive() {
     let server = serve(0, None).await;
-    let small = Endpoint::new(
-        &format!("http://{}", server.addr),
-        Path::new("/nonexistent"),
-        None,
-    )
-    .expect("endpoint")
-    .max_message(1 << 20)
-    .channel();
+    let small = endpoint(server.addr).max_message(1 << 20).channel();
     let refused = create(&small, "big:2000000", None)
         .await
         .expect_err("over the limit");
     assert_eq!(refused.code(), Code::ResourceExhausted, "{refused}");
     // 12 MB: several times the HTTP/2 windows, across many DATA frames.
-    let large = Endpoint::new(
-        &format!("http://{}", server.addr),
-        Path::new("/nonexistent"),
-        None,
-    )
-    .expect("endpoint")
-    .max_message(16 << 20)
-    .channel();
+    let large = endpoint(server.addr).max_message(16 << 20).channel();
     let chain = create(&large, "big:12000000", None).await.expect("large");
     assert_eq!(chain[0].len(), 12_000_000);
 }
@@ -356,6 +346,89 @@ async fn streaming_calls_send_first_requests_before_headers_and_read_the_end() {
     assert_eq!(aborted.code(), Code::Aborted);
     assert_eq!(aborted.message(), "asked to abort");
     assert_eq!(server.connections(), 1, "both streams on one connection");
+}
+
+fn delta(type_url: &str, count: usize) -> DeltaDiscoveryRequest {
+    DeltaDiscoveryRequest {
+        type_url: type_url.to_string(),
+        response_nonce: count.to_string(),
+        ..DeltaDiscoveryRequest::default()
+    }
+}
+
+fn bearer() -> HeaderMap {
+    let mut metadata = HeaderMap::new();
+    metadata.insert("authorization", HeaderValue::from_static("Bearer t"));
+    metadata
+}
+
+#[tokio::test]
+async fn a_stream_on_a_connection_that_fell_silent_fails_and_the_next_call_dials_again() {
+    let server = serve(0, None).await;
+    let relay = SilentRelay::to(server.addr).await.expect("relay");
+    let channel = endpoint(relay.addr())
+        .keepalive(Some(Duration::from_millis(200)), Duration::from_millis(300))
+        .channel();
+    let path = mesh_proto::DELTA_ADS_PATH;
+    let (_sink, mut responses) = channel
+        .streaming::<_, DeltaDiscoveryResponse>(path, &bearer(), &[delta("a", 1)])
+        .await
+        .expect("open");
+    responses.message().await.expect("a").expect("some");
+
+    relay.silence(true);
+    // Nothing more comes on the stream, and TCP sees nothing wrong: only the unanswered PING
+    // tells, after about 200 + 300 ms.
+    let ended = tokio::time::timeout(Duration::from_secs(10), responses.message())
+        .await
+        .expect("the silent connection was noticed and closed")
+        .expect_err("the stream failed");
+    assert_eq!(ended.code(), Code::Unavailable, "{ended}");
+
+    relay.silence(false);
+    create(&channel, "big:1", None)
+        .await
+        .expect("a new connection");
+    assert_eq!(relay.connections(), 2);
+}
+
+#[tokio::test]
+async fn a_quiet_stream_on_a_live_connection_is_pinged_and_stays_open() {
+    let server = serve(0, None).await;
+    let channel = endpoint(server.addr)
+        .keepalive(Some(Duration::from_millis(50)), Duration::from_secs(2))
+        .channel();
+    let path = mesh_proto::DELTA_ADS_PATH;
+    let (mut sink, mut responses) = channel
+        .streaming::<_, DeltaDiscoveryResponse>(path, &bearer(), &[delta("a", 1)])
+        .await
+        .expect("open");
+    responses.message().await.expect("a").expect("some");
+    // About 20 PINGs, each answered by the server's HTTP/2 stack.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    sink.send(&delta("b", 2)).expect("send");
+    let later = responses.message().await.expect("b").expect("some");
+    assert_eq!(later.resources.len(), 2);
+    assert_eq!(server.connections(), 1);
+}
+
+#[tokio::test]
+async fn a_connection_without_open_calls_is_not_pinged() {
+    // istiod's gRPC server sends GOAWAY to clients that ping a connection with no call open.
+    let server = serve(0, None).await;
+    let relay = SilentRelay::to(server.addr).await.expect("relay");
+    let channel = endpoint(relay.addr())
+        .keepalive(Some(Duration::from_millis(100)), Duration::from_millis(200))
+        .channel();
+    create(&channel, "big:1", None).await.expect("first");
+    // A PING sent now would be swallowed and never answered, and the connection closed.
+    relay.silence(true);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    relay.silence(false);
+    create(&channel, "big:1", None)
+        .await
+        .expect("on the kept connection");
+    assert_eq!(relay.connections(), 1, "the idle connection was kept");
 }
 
 #[tokio::test]

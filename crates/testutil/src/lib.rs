@@ -15,6 +15,7 @@ mod memory_snapshot;
 pub mod netns;
 mod objects;
 mod pki;
+mod silent_relay;
 mod tls_files;
 mod wait;
 
@@ -34,5 +35,6 @@ pub use memory_snapshot::MemorySnapshot;
 pub use netns::{Netns, NetnsError, TestNet};
 pub use objects::{namespace_yaml, pod_yaml, service_yaml, PodSpec};
 pub use pki::TestPki;
+pub use silent_relay::SilentRelay;
 pub use tls_files::TlsFiles;
 pub use wait::{eventually, eventually_async, eventually_blocking};

@@ -26,7 +26,7 @@ use crate::socket::{LocalSockets, SocketFactory};
 use super::copy::{ChunkWrite, Duplex};
 use super::read_buffer::ReadBuffered;
 use super::stream::{
-    keepalive, H2Reader, H2Stream, H2Writer, KeepaliveEnd, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT,
+    keepalive, H2Reader, H2Stream, H2Writer, PingEnd, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT,
 };
 use super::{H2Settings, HboneError, BAGGAGE_HEADER, FORWARDED_HEADER, TRACEPARENT_HEADER};
 
@@ -182,11 +182,11 @@ impl Connection {
                     biased;
                     result = &mut conn => result,
                     end = &mut ping => match end {
-                        KeepaliveEnd::TimedOut => {
+                        PingEnd::TimedOut => {
                             tracing::debug!("no PING acknowledgement in time; closing the HBONE connection");
                             Ok(())
                         }
-                        KeepaliveEnd::Closed => conn.await,
+                        PingEnd::Closed => conn.await,
                     },
                 };
                 done.store(true, Ordering::Release);

@@ -34,7 +34,7 @@ use tracing::Instrument;
 
 use super::copy::{copy_bidirectional, ByteCounters, CopyError, Transferred};
 use super::read_buffer::ReadBuffered;
-use super::stream::{keepalive, H2Stream, KeepaliveEnd, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT};
+use super::stream::{keepalive, H2Stream, PingEnd, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT};
 use super::{H2Settings, HboneError};
 
 /// A boxed, sendable future.
@@ -469,11 +469,11 @@ impl Inner {
                     conn.graceful_shutdown();
                 }
                 end = &mut ping, if pinging => match end {
-                    KeepaliveEnd::TimedOut => {
+                    PingEnd::TimedOut => {
                         tracing::debug!("no PING acknowledgement in time; closing the HBONE connection");
                         return Ok(());
                     }
-                    KeepaliveEnd::Closed => pinging = false,
+                    PingEnd::Closed => pinging = false,
                 },
             }
         }

@@ -9,7 +9,8 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
-use h2::{Ping, PingPong, RecvStream, SendStream};
+use h2::{PingPong, RecvStream, SendStream};
+pub(crate) use mesh_grpc::keepalive::PingEnd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Bytes h2 may hold queued for one stream before `poll_capacity` pushes back (hyper's
@@ -191,31 +192,13 @@ impl AsyncWrite for H2Stream {
     }
 }
 
-/// Why [`keepalive`] gave up.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum KeepaliveEnd {
-    /// No PONG within the timeout: the connection should be closed.
-    TimedOut,
-    /// The connection is closing anyway.
-    Closed,
-}
-
 /// Sends a PING every `interval` and waits up to `timeout` for its PONG, until one is late
-/// or the connection closes. Never returns when `interval` is `None`.
+/// or the connection closes; idle HBONE connections are pinged too. Never returns when
+/// `interval` is `None`.
 pub(crate) async fn keepalive(
     ping_pong: Option<PingPong>,
     interval: Option<Duration>,
     timeout: Duration,
-) -> KeepaliveEnd {
-    let (Some(mut ping_pong), Some(interval)) = (ping_pong, interval) else {
-        return std::future::pending().await;
-    };
-    loop {
-        tokio::time::sleep(interval).await;
-        match tokio::time::timeout(timeout, ping_pong.ping(Ping::opaque())).await {
-            Ok(Ok(_pong)) => {}
-            Ok(Err(_)) => return KeepaliveEnd::Closed,
-            Err(_) => return KeepaliveEnd::TimedOut,
-        }
-    }
+) -> PingEnd {
+    mesh_grpc::keepalive::pings(ping_pong, interval, timeout, || true).await
 }
