@@ -10,7 +10,9 @@ use serde::Serialize;
 /// The ambient control plane: serves workloads, services and L4 policies to ztunnels over delta
 /// xDS, and certificates over Istio's CA API.
 #[derive(Debug, Clone, Parser, Serialize)]
-#[command(name = "istiod", version, about)]
+// A flag given twice takes its last value, as Go's flags do (a chart's argument and the user's
+// extraContainerArgs may both name one).
+#[command(name = "istiod", version, about, args_override_self = true)]
 pub struct Config {
     /// Directory of Kubernetes YAML to read and watch (the local, embedded mode). Without it,
     /// istiod reads the Kubernetes API: `--kubeconfig`, else the in-cluster configuration.
@@ -171,9 +173,10 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub keepalive_timeout: Duration,
 
-    /// Connections older than this are closed gracefully (GOAWAY, then 10 s for the calls in
-    /// flight), so that proxies spread again over istiod's replicas (Istio's flag of this name;
-    /// unset: never. Istio's chart passes `pilot.keepaliveMaxServerConnectionAge`, 30m).
+    /// Connections older than this are sent GOAWAY, then closed 10 s (plus up to a tenth of the
+    /// age, at random) later, so that proxies spread again over istiod's replicas (Istio's flag
+    /// of this name; unset or 0: never. Istio's chart passes `keepaliveMaxServerConnectionAge`,
+    /// 30m).
     #[arg(long = "keepaliveMaxServerConnectionAge", value_parser = humantime::parse_duration)]
     #[serde(with = "humantime_serde::option")]
     pub keepalive_max_server_connection_age: Option<Duration>,
@@ -296,14 +299,10 @@ impl Config {
             problems.push(e);
         }
         for (flag, value) in [
-            ("--keepaliveInterval", Some(self.keepalive_interval)),
-            ("--keepaliveTimeout", Some(self.keepalive_timeout)),
-            (
-                "--keepaliveMaxServerConnectionAge",
-                self.keepalive_max_server_connection_age,
-            ),
+            ("--keepaliveInterval", self.keepalive_interval),
+            ("--keepaliveTimeout", self.keepalive_timeout),
         ] {
-            if value.is_some_and(|d| d.is_zero()) {
+            if value.is_zero() {
                 problems.push(format!("{flag} must be > 0"));
             }
         }
@@ -393,12 +392,13 @@ mod tests {
             "--config-dir=.",
             "--keepaliveMaxServerConnectionAge=1h30m",
             "--keepaliveInterval=15s",
+            "--keepaliveInterval=20s",
         ])
-        .expect("parses");
+        .expect("a flag given twice takes its last value");
         assert_eq!(
             cfg.keepalive_max_server_connection_age,
             Some(Duration::from_secs(5400))
         );
-        assert_eq!(cfg.keepalive_interval, Duration::from_secs(15));
+        assert_eq!(cfg.keepalive_interval, Duration::from_secs(20));
     }
 }

@@ -5,8 +5,9 @@
 //!
 //! tonic's server sends the GOAWAY (`max_connection_age` without a grace). Its own grace
 //! setting would instead close the connection at age + grace with no GOAWAY first, so the close
-//! is done here, in the connection's I/O: after the deadline, reads and writes fail and the
-//! HTTP/2 connection ends.
+//! is done here, in the connection's I/O: after the deadline, reads, writes and flushes fail
+//! and the HTTP/2 connection ends. tonic's age is one value for every connection; the close is
+//! where each connection gets its own share of spread (see the server's `Keepalive::aged`).
 
 use std::future::Future;
 use std::io;
@@ -90,6 +91,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for AgedIo<T> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.expired(cx) {
+            return Poll::Ready(Err(too_old()));
+        }
         Pin::new(&mut self.io).poll_flush(cx)
     }
 
@@ -114,11 +118,15 @@ mod tests {
     #[tokio::test]
     async fn reads_and_writes_fail_once_the_limit_has_passed() {
         let (near, mut far) = tokio::io::duplex(1024);
-        let mut aged = AgedIo::new(near, Some(Duration::from_millis(200)));
+        let mut young = AgedIo::new(near, Some(Duration::from_secs(60)));
         far.write_all(b"ping").await.unwrap();
         let mut buf = [0u8; 4];
-        aged.read_exact(&mut buf).await.unwrap();
-        aged.write_all(b"pong").await.unwrap();
+        young.read_exact(&mut buf).await.unwrap();
+        young.write_all(b"pong").await.unwrap();
+        young.flush().await.unwrap();
+
+        let (near, _far) = tokio::io::duplex(1024);
+        let mut aged = AgedIo::new(near, Some(Duration::from_millis(100)));
         // A read waiting for data is woken by the deadline, not left hanging.
         let waiting = tokio::time::timeout(Duration::from_secs(5), aged.read(&mut buf))
             .await
@@ -126,6 +134,10 @@ mod tests {
         assert_eq!(waiting.unwrap_err().kind(), io::ErrorKind::TimedOut);
         assert_eq!(
             aged.write(b"late").await.unwrap_err().kind(),
+            io::ErrorKind::TimedOut
+        );
+        assert_eq!(
+            aged.flush().await.unwrap_err().kind(),
             io::ErrorKind::TimedOut
         );
     }

@@ -675,7 +675,10 @@ impl Keepalive {
         Keepalive {
             interval: config.keepalive_interval,
             timeout: config.keepalive_timeout,
-            max_age: config.keepalive_max_server_connection_age,
+            // 0 is "never", as gRPC's servers read it.
+            max_age: config
+                .keepalive_max_server_connection_age
+                .filter(|age| !age.is_zero()),
         }
     }
 
@@ -691,9 +694,16 @@ impl Keepalive {
         }
     }
 
-    /// An accepted connection, closed at the maximum age plus the grace.
+    /// An accepted connection, closed at the maximum age plus the grace plus up to a tenth of
+    /// the age at random: connections opened together (after an istiod rollout) then reconnect
+    /// spread out, as gRPC-Go spreads its ages by a tenth.
     fn aged<T>(self, io: T) -> AgedIo<T> {
-        AgedIo::new(io, self.max_age.map(|age| age + MAX_AGE_GRACE))
+        let spread = rand::random_range(0.0..0.1);
+        AgedIo::new(
+            io,
+            self.max_age
+                .map(|age| age + MAX_AGE_GRACE + age.mul_f64(spread)),
+        )
     }
 }
 

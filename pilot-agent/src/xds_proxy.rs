@@ -82,13 +82,19 @@ impl XdsProxy {
     /// A request to istiod carrying the token (re-read: projected tokens rotate).
     async fn upstream_request<T>(&self, body: T) -> Result<Request<T>, Status> {
         let mut req = Request::new(body);
-        match tokio::fs::read_to_string(&self.token_path).await {
-            Ok(token) => {
-                let value =
-                    MetadataValue::try_from(format!("Bearer {}", token.trim())).map_err(|_| {
+        match mesh_grpc::bearer_token(&self.token_path).await {
+            Ok(value) => {
+                let value = value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| MetadataValue::try_from(v).ok())
+                    .ok_or_else(|| {
                         Status::internal("the istio-token file is not a valid header value")
                     })?;
                 req.metadata_mut().insert("authorization", value);
+            }
+            Err(e @ mesh_grpc::TokenError::NotAHeader { .. }) => {
+                return Err(Status::internal(e.to_string()));
             }
             Err(e) => {
                 tracing::debug!(path = %self.token_path.display(), error = %e, "no token for istiod; connecting without one");

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use http::Uri;
 use hyper_util::rt::TokioIo;
-use mesh_grpc::{keepalive, SetupError};
+use mesh_grpc::{keepalive, SetupError, TokenError};
 use mesh_identity::{generate_csr, Identity};
 use mesh_proto::ca::{IstioCertificateRequest, IstioCertificateResponse};
 use tokio::net::TcpStream;
@@ -116,15 +116,10 @@ impl GrpcCaClient {
     async fn metadata(&self) -> Result<http::HeaderMap, CertError> {
         let mut metadata = http::HeaderMap::new();
         if let Some(path) = &self.config.token_path {
-            let token =
-                tokio::fs::read_to_string(path)
-                    .await
-                    .map_err(|source| CertError::Token {
-                        path: path.display().to_string(),
-                        source,
-                    })?;
-            let value = http::HeaderValue::try_from(format!("Bearer {}", token.trim()))
-                .map_err(|_| CertError::BadHeader { what: "token" })?;
+            let value = mesh_grpc::bearer_token(path).await.map_err(|e| match e {
+                TokenError::Read { path, source } => CertError::Token { path, source },
+                TokenError::NotAHeader { .. } => CertError::BadHeader { what: "token" },
+            })?;
             metadata.insert(http::header::AUTHORIZATION, value);
         }
         let cluster = http::HeaderValue::try_from(self.config.cluster_id.as_str())
@@ -195,7 +190,9 @@ fn endpoint(uri: &str, address: &str) -> Result<Endpoint, CertError> {
         .http2_keep_alive_interval(keepalive::PING_INTERVAL)
         .keep_alive_timeout(keepalive::PING_TIMEOUT)
         .keep_alive_while_idle(false)
-        .tcp_keepalive(Some(keepalive::TCP_IDLE)))
+        .tcp_keepalive(Some(keepalive::TCP_IDLE))
+        .tcp_keepalive_interval(Some(keepalive::TCP_PROBE_INTERVAL))
+        .tcp_keepalive_retries(Some(keepalive::TCP_PROBES)))
 }
 
 /// The channel's setup errors, as the CA client names them.

@@ -207,11 +207,11 @@ impl Endpoint {
         self
     }
 
-    /// HTTP/2 PINGs while a call is open: one every `interval` (`None`: never), the connection
-    /// closed when one goes unanswered for `timeout` (default 30 s and 10 s, as Istio's proxies;
-    /// see [`crate::keepalive`]).
+    /// HTTP/2 PINGs while a call is open: one every `interval` (`None` or zero: never), the
+    /// connection closed when one goes unanswered for `timeout` (default 30 s and 10 s, as
+    /// Istio's proxies; see [`crate::keepalive`]).
     pub fn keepalive(mut self, interval: Option<Duration>, timeout: Duration) -> Endpoint {
-        self.ping_interval = interval;
+        self.ping_interval = interval.filter(|i| !i.is_zero());
         self.ping_timeout = timeout;
         self
     }

@@ -29,8 +29,12 @@ pub const TCP_PROBES: u32 = 9;
 /// keepalive.
 pub async fn dial_tcp(host: &str, port: u16) -> std::io::Result<TcpStream> {
     let tcp = TcpStream::connect((host, port)).await?;
-    tcp.set_nodelay(true)?;
-    tcp_keepalive(&tcp)?;
+    let option = |what: &str, e: std::io::Error| {
+        std::io::Error::new(e.kind(), format!("connected, but cannot set {what}: {e}"))
+    };
+    tcp.set_nodelay(true)
+        .map_err(|e| option("TCP_NODELAY", e))?;
+    tcp_keepalive(&tcp).map_err(|e| option("TCP keepalive", e))?;
     Ok(tcp)
 }
 

@@ -20,9 +20,11 @@ pub mod keepalive;
 mod channel;
 mod endpoint;
 mod status;
+mod token;
 
 pub use channel::{Channel, RequestSink, ResponseStream};
 pub use endpoint::{
     Endpoint, SetupError, TlsConnector, DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_MESSAGE,
 };
 pub use status::{Code, Status};
+pub use token::{bearer_token, TokenError};

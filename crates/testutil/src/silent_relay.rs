@@ -66,7 +66,8 @@ impl SilentRelay {
         self.state.accepted.load(Ordering::SeqCst)
     }
 
-    /// Connections the server closed (its end read EOF or failed).
+    /// Connections whose server side ended (EOF or an error): closed by the server, or by the
+    /// server after the client closed its end.
     pub fn closed_by_server(&self) -> usize {
         self.state.closed_by_server.load(Ordering::SeqCst)
     }

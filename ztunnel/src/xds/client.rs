@@ -163,16 +163,13 @@ impl XdsClient {
         let Some(path) = &self.config.token_path else {
             return Ok(None);
         };
-        let display = path.display().to_string();
-        let token = tokio::fs::read_to_string(path)
-            .await
-            .map_err(|source| XdsError::Token {
-                path: display.clone(),
-                source,
-            })?;
-        http::HeaderValue::try_from(format!("Bearer {}", token.trim()))
-            .map(Some)
-            .map_err(|_| XdsError::BadToken { path: display })
+        match mesh_grpc::bearer_token(path).await {
+            Ok(value) => Ok(Some(value)),
+            Err(mesh_grpc::TokenError::Read { path, source }) => {
+                Err(XdsError::Token { path, source })
+            }
+            Err(mesh_grpc::TokenError::NotAHeader { path }) => Err(XdsError::BadToken { path }),
+        }
     }
 
     /// Applies one response through the handler; returns the ACK or NACK to send.
