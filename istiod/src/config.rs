@@ -400,5 +400,17 @@ mod tests {
             Some(Duration::from_secs(5400))
         );
         assert_eq!(cfg.keepalive_interval, Duration::from_secs(20));
+        // Lists still gather every occurrence.
+        let cfg = Config::try_parse_from([
+            "istiod",
+            "--config-dir=.",
+            "--serving-dns-names=a.example",
+            "--serving-dns-names=b.example,c.example",
+        ])
+        .expect("parses");
+        assert_eq!(
+            cfg.serving_dns_names,
+            ["a.example", "b.example", "c.example"]
+        );
     }
 }
