@@ -15,7 +15,7 @@ use rustls_pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::keepalive::{self, OpenCalls, PingEnd};
+use crate::keepalive::{self, ConnectionEnd, OpenCalls};
 use crate::status::{Code, Status};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -291,22 +291,16 @@ where
     );
     let address = address.to_string();
     tokio::spawn(async move {
-        tokio::pin!(pings);
-        let ended = tokio::select! {
-            biased;
-            ended = &mut connection => ended,
-            end = &mut pings => match end {
-                PingEnd::TimedOut => {
-                    // Dropping the connection fails its calls (Unavailable); the next call dials.
-                    tracing::warn!(address = %address, ?timeout, "no answer to an HTTP/2 PING; closing the gRPC connection");
-                    return;
-                }
-                PingEnd::Closed => connection.await,
-            },
-        };
-        // Every call on the connection sees the failure itself; this is the connection's.
-        if let Err(e) = ended {
-            tracing::debug!(address = %address, error = %e, "gRPC connection ended");
+        match keepalive::drive(connection, pings).await {
+            // The dropped connection failed its calls (Unavailable); the next call dials.
+            ConnectionEnd::PingTimedOut => {
+                tracing::warn!(address = %address, ?timeout, "no answer to an HTTP/2 PING; closed the gRPC connection");
+            }
+            // Every call on the connection sees the failure itself; this is the connection's.
+            ConnectionEnd::Closed(Err(e)) => {
+                tracing::debug!(address = %address, error = %e, "gRPC connection ended");
+            }
+            ConnectionEnd::Closed(Ok(())) => {}
         }
     });
     Ok((send, calls))

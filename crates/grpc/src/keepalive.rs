@@ -81,6 +81,36 @@ pub async fn pings(
     }
 }
 
+/// How a connection driven by [`drive`] ended.
+#[derive(Debug)]
+pub enum ConnectionEnd {
+    /// The connection ended by itself, cleanly or with this error.
+    Closed(Result<(), h2::Error>),
+    /// A PING went unanswered: the connection was dropped, which fails its streams.
+    PingTimedOut,
+}
+
+/// Drives an HTTP/2 client connection with its `pings` (from [`pings`]) beside it, until the
+/// connection ends or a PING goes unanswered.
+pub async fn drive<T, B>(
+    mut connection: h2::client::Connection<T, B>,
+    pings: impl std::future::Future<Output = PingEnd>,
+) -> ConnectionEnd
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: bytes::Buf,
+{
+    tokio::pin!(pings);
+    tokio::select! {
+        biased;
+        ended = &mut connection => ConnectionEnd::Closed(ended),
+        end = &mut pings => match end {
+            PingEnd::TimedOut => ConnectionEnd::PingTimedOut,
+            PingEnd::Closed => ConnectionEnd::Closed(connection.await),
+        },
+    }
+}
+
 /// The calls open on one connection.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct OpenCalls(Arc<AtomicUsize>);

@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use http::{HeaderValue, Method, Request, StatusCode, Version};
+use mesh_grpc::keepalive::ConnectionEnd;
 use mesh_identity::Identity;
 use rustls::ClientConfig;
 use rustls_pki_types::ServerName;
@@ -25,9 +26,7 @@ use crate::socket::{LocalSockets, SocketFactory};
 
 use super::copy::{ChunkWrite, Duplex};
 use super::read_buffer::ReadBuffered;
-use super::stream::{
-    keepalive, H2Reader, H2Stream, H2Writer, PingEnd, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT,
-};
+use super::stream::{keepalive, H2Reader, H2Stream, H2Writer, MAX_SEND_BUFFER, TLS_BUFFER_LIMIT};
 use super::{H2Settings, HboneError, BAGGAGE_HEADER, FORWARDED_HEADER, TRACEPARENT_HEADER};
 
 /// One `CONNECT` to send over a [`Connection`].
@@ -177,22 +176,18 @@ impl Connection {
         let span = tracing::debug_span!("hbone_outbound", peer = %addr, %peer_identity);
         tokio::spawn(
             async move {
-                tokio::pin!(ping);
-                let result = tokio::select! {
-                    biased;
-                    result = &mut conn => result,
-                    end = &mut ping => match end {
-                        PingEnd::TimedOut => {
-                            tracing::debug!("no PING acknowledgement in time; closing the HBONE connection");
-                            Ok(())
-                        }
-                        PingEnd::Closed => conn.await,
-                    },
-                };
+                let end = mesh_grpc::keepalive::drive(conn, ping).await;
                 done.store(true, Ordering::Release);
-                match result {
-                    Ok(()) => tracing::debug!("HBONE connection closed"),
-                    Err(e) => tracing::debug!(error = %e, "HBONE connection failed"),
+                match end {
+                    ConnectionEnd::PingTimedOut => {
+                        tracing::debug!(
+                            "no PING acknowledgement in time; closed the HBONE connection"
+                        );
+                    }
+                    ConnectionEnd::Closed(Ok(())) => tracing::debug!("HBONE connection closed"),
+                    ConnectionEnd::Closed(Err(e)) => {
+                        tracing::debug!(error = %e, "HBONE connection failed")
+                    }
                 }
             }
             .instrument(span),

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use mesh_testutil::SilentRelay;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -163,4 +164,49 @@ async fn every_accepted_tunnel_is_reported_exactly_once_under_cancellation() {
     let finished = fx.recorder.finished.lock().unwrap().clone();
     assert!(accepted > 0, "some tunnels were accepted");
     assert_eq!(finished.len(), accepted, "{finished:?}");
+}
+
+/// HTTP/2 settings pinging every 200 ms (`true`) or never.
+fn pinging(on: bool) -> H2Settings {
+    H2Settings {
+        keepalive_interval: on.then_some(Duration::from_millis(200)),
+        keepalive_timeout: Duration::from_secs(1),
+        ..H2Settings::default()
+    }
+}
+
+/// An HBONE connection through a relay, used once and left idle for a while (so that PINGs,
+/// where on, have been answered), then cut off by the relay falling silent: neither side's TCP
+/// sees anything wrong.
+async fn partitioned(server: H2Settings, client: H2Settings) -> (Connection, SilentRelay) {
+    let fx = Fixture::start(vec![], server).await;
+    let relay = SilentRelay::to(fx.hbone).await.expect("relay");
+    let conn = Connection::connect(relay.addr(), fx.client_tls(), &client)
+        .await
+        .expect("connect");
+    let tunnel = conn
+        .open(&ConnectRequest::new(echo_server().await, source()))
+        .await
+        .expect("tunnel");
+    assert_eq!(round_trip(tunnel, b"hello").await, b"hello");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!conn.is_closed(), "a live connection was closed");
+    assert_eq!(relay.closed_by_server(), 0, "a live connection was closed");
+    relay.silence(true);
+    (conn, relay)
+}
+
+#[tokio::test]
+async fn the_client_closes_an_hbone_connection_whose_pings_go_unanswered() {
+    let (conn, _relay) = partitioned(pinging(false), pinging(true)).await;
+    wait_until("the client closed the connection", || conn.is_closed()).await;
+}
+
+#[tokio::test]
+async fn the_server_closes_an_hbone_connection_whose_pings_go_unanswered() {
+    let (_conn, relay) = partitioned(pinging(true), pinging(false)).await;
+    wait_until("the server closed the connection", || {
+        relay.closed_by_server() == 1
+    })
+    .await;
 }
