@@ -48,6 +48,8 @@ pub struct ClusterOptions {
     pub istiod_env: Vec<(String, String)>,
     /// Environment added to every node agent (e.g. `AMBIENT_SOCKMAP`), kept across restarts.
     pub agent_env: Vec<(String, String)>,
+    /// Flags added to istiod's command line, kept across restarts.
+    pub istiod_args: Vec<String>,
 }
 
 impl ClusterOptions {
@@ -63,6 +65,11 @@ impl ClusterOptions {
 
     pub fn agent_env(mut self, key: &str, value: &str) -> ClusterOptions {
         self.agent_env.push((key.into(), value.into()));
+        self
+    }
+
+    pub fn istiod_arg(mut self, arg: &str) -> ClusterOptions {
+        self.istiod_args.push(arg.into());
         self
     }
 }
@@ -347,12 +354,13 @@ impl MeshCluster {
         let cluster = ClusterDir::new();
         setup(&cluster);
         let first = &made[0];
-        let istiod = Istiod::start_with_env(
+        let istiod = Istiod::start_with(
             first.netns(),
             first.ip(),
             cluster,
             nodes,
             &env_refs(&options.istiod_env),
+            &options.istiod_args,
         );
         let mut mesh_nodes = Vec::new();
         for node in made {

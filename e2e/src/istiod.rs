@@ -23,6 +23,7 @@ pub struct Istiod {
     pub cluster: ClusterDir,
     dir: tempfile::TempDir,
     env: Vec<(String, String)>,
+    args: Vec<String>,
     child: Option<ChildGuard>,
 }
 
@@ -48,6 +49,19 @@ impl Istiod {
         nodes: &[&str],
         extra: &[(&str, &str)],
     ) -> Istiod {
+        Istiod::start_with(netns, ip, cluster, nodes, extra, &[])
+    }
+
+    /// Like [`Istiod::start_with_env`] with command-line flags too (e.g. Istio's
+    /// `--keepaliveMaxServerConnectionAge=...`), kept across [`Istiod::restart`].
+    pub fn start_with(
+        netns: &Netns,
+        ip: Ipv4Addr,
+        cluster: ClusterDir,
+        nodes: &[&str],
+        extra: &[(&str, &str)],
+        args: &[String],
+    ) -> Istiod {
         let dir = tempfile::tempdir().expect("istiod directory");
         let mut tokens = String::from("tokens:\n");
         for node in nodes {
@@ -68,6 +82,7 @@ impl Istiod {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            args: args.to_vec(),
             child: None,
         };
         istiod.spawn();
@@ -137,6 +152,7 @@ impl Istiod {
                 "--tokens-file={}",
                 path(&self.dir.path().join("tokens.yaml"))
             ))
+            .args(&self.args)
             .env("ISTIOD_SERVING_IPS", format!("127.0.0.1,{}", self.ip))
             .env("RUST_LOG", "info")
             .envs(self.env.iter().map(|(k, v)| (k, v)))

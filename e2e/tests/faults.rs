@@ -161,6 +161,70 @@ fn istiod_down_30s_keeps_traffic_and_policy_applies_after_restart() {
     );
 }
 
+// ------------------------------------------------------- 1b. istiod's connection age
+
+#[test]
+fn ztunnels_ride_istiods_connection_age_closes_and_keep_following_config() {
+    if !have_root("ztunnels_ride_istiods_connection_age_closes_and_keep_following_config") {
+        return;
+    }
+    // GOAWAY after 1 s, the connection closed 10 s (and up to 0.1 s) later: within the 13 s
+    // below every ztunnel's xDS stream is cut at least once.
+    let options = ClusterOptions::default().istiod_arg("--keepaliveMaxServerConnectionAge=1s");
+    let mut c = cluster("fage", &options);
+    let (server, _app) = server(&mut c);
+    let client = add(&mut c, "demo", "client", "node1", "client");
+    let other = add(&mut c, "demo", "other", "node1", "other");
+    let target = server.addr(SERVER_PORT);
+    let vip = SocketAddr::from((SERVER_VIP, 80));
+    for pod in [&client, &other] {
+        wait_for(CONVERGE, || echo_ok(&pod.netns, target)).expect("traffic at the start");
+    }
+    wait_for(CONVERGE, || echo_ok(&client.netns, vip)).expect("service VIP at the start");
+    let established = client
+        .netns
+        .tcp_connect(target, Duration::from_secs(3))
+        .expect("connect");
+    let probes = [(&client, target), (&other, target), (&client, vip)];
+    let (round_trips, new_connections) = ride_out(&established, &probes, 13);
+    for n in &c.nodes {
+        let reconnects = n
+            .ztunnel
+            .log()
+            .matches("xDS stream ended; reconnecting")
+            .count();
+        assert!(
+            reconnects >= 1,
+            "ztunnel {} never had its xDS stream closed by istiod; logs:\n{}",
+            n.node.name(),
+            c.logs()
+        );
+        eprintln!(
+            "connection age: ztunnel {} reconnected {reconnects} times",
+            n.node.name()
+        );
+    }
+    eprintln!("connection age: {round_trips} round trips on the established connection, {new_connections} new connections, all ok");
+
+    // The streams the ztunnels opened again carry changes: DENY `other`.
+    c.objects()
+        .write("deny-other.yaml", &deny_policy("deny-other", "other"));
+    wait_for(Duration::from_secs(30), || {
+        echo_denied(&other.netns, target)
+    })
+    .unwrap_or_else(|e| panic!("DENY policy written after the reconnections never applied: {e}"));
+    assert_eq!(
+        echo(&client.netns, target),
+        Echo::Ok,
+        "the client is not denied"
+    );
+    assert_eq!(
+        echo_on(&established),
+        Echo::Ok,
+        "established connection at the end"
+    );
+}
+
 /// For `seconds` seconds: a round trip on `established` every second, and every 5 s a new
 /// connection for each of `probes`; panics at the first failure. Returns the counts.
 fn ride_out(
