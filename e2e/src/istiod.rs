@@ -37,23 +37,12 @@ impl Istiod {
     /// Starts istiod in `netns` (reachable at `ip`), with a bearer token per node in `nodes`
     /// (see [`Istiod::token_file`]), and waits until it is ready.
     pub fn start(netns: &Netns, ip: Ipv4Addr, cluster: ClusterDir, nodes: &[&str]) -> Istiod {
-        Istiod::start_with_env(netns, ip, cluster, nodes, &[])
+        Istiod::start_with(netns, ip, cluster, nodes, &[], &[])
     }
 
-    /// Like [`Istiod::start`] with `extra` environment (e.g. `MAX_WORKLOAD_CERT_TTL`), kept
+    /// Like [`Istiod::start`] with `extra` environment (e.g. `MAX_WORKLOAD_CERT_TTL`) and
+    /// command-line flags (e.g. Istio's `--keepaliveMaxServerConnectionAge=...`), both kept
     /// across [`Istiod::restart`].
-    pub fn start_with_env(
-        netns: &Netns,
-        ip: Ipv4Addr,
-        cluster: ClusterDir,
-        nodes: &[&str],
-        extra: &[(&str, &str)],
-    ) -> Istiod {
-        Istiod::start_with(netns, ip, cluster, nodes, extra, &[])
-    }
-
-    /// Like [`Istiod::start_with_env`] with command-line flags too (e.g. Istio's
-    /// `--keepaliveMaxServerConnectionAge=...`), kept across [`Istiod::restart`].
     pub fn start_with(
         netns: &Netns,
         ip: Ipv4Addr,

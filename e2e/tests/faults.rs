@@ -102,63 +102,102 @@ const CLIENT: &str = "spiffe://cluster.local/ns/demo/sa/client";
 
 // ---------------------------------------------------------------- 1. istiod outage
 
+/// The pods the control-plane fault tests watch: the server on node2, `client` and `other`
+/// on node1 reaching it directly and through its VIP, and one connection of the client kept
+/// open throughout.
+struct Watched {
+    _server: (MeshPod, EchoServer),
+    client: MeshPod,
+    other: MeshPod,
+    target: SocketAddr,
+    vip: SocketAddr,
+    established: TcpStream,
+}
+
+impl Watched {
+    fn start(c: &mut MeshCluster) -> Watched {
+        let server = server(c);
+        let client = add(c, "demo", "client", "node1", "client");
+        let other = add(c, "demo", "other", "node1", "other");
+        let target = server.0.addr(SERVER_PORT);
+        let vip = SocketAddr::from((SERVER_VIP, 80));
+        for pod in [&client, &other] {
+            wait_for(CONVERGE, || echo_ok(&pod.netns, target)).expect("traffic at the start");
+        }
+        wait_for(CONVERGE, || echo_ok(&client.netns, vip)).expect("service VIP at the start");
+        let established = client
+            .netns
+            .tcp_connect(target, Duration::from_secs(3))
+            .expect("connect");
+        assert_eq!(echo_on(&established), Echo::Ok);
+        Watched {
+            _server: server,
+            client,
+            other,
+            target,
+            vip,
+            established,
+        }
+    }
+
+    /// [`ride_out`] with new connections from both pods to the server and from the client to
+    /// the VIP.
+    fn ride_out(&self, seconds: u64) -> (usize, usize) {
+        let probes = [
+            (&self.client, self.target),
+            (&self.other, self.target),
+            (&self.client, self.vip),
+        ];
+        ride_out(&self.established, &probes, seconds)
+    }
+
+    /// A DENY policy for `other` written now reaches the ztunnels (the client stays allowed),
+    /// and `other` is allowed again once it is removed. `after` names the event for messages.
+    fn policy_still_applies(&self, c: &MeshCluster, after: &str) {
+        c.objects()
+            .write("deny-other.yaml", &deny_policy("deny-other", "other"));
+        let took = wait_for(Duration::from_secs(30), || {
+            echo_denied(&self.other.netns, self.target)
+        })
+        .unwrap_or_else(|e| panic!("DENY policy written after {after} never applied: {e}"));
+        eprintln!("DENY policy written after {after} enforced within {took:.1?}");
+        assert_eq!(
+            echo(&self.client.netns, self.target),
+            Echo::Ok,
+            "the client is not denied"
+        );
+        c.objects().remove("deny-other.yaml");
+        wait_for(CONVERGE, || echo_ok(&self.other.netns, self.target))
+            .expect("allowed again once the DENY policy is removed");
+        assert_eq!(
+            echo_on(&self.established),
+            Echo::Ok,
+            "established connection at the end"
+        );
+    }
+}
+
 #[test]
 fn istiod_down_30s_keeps_traffic_and_policy_applies_after_restart() {
     if !have_root("istiod_down_30s_keeps_traffic_and_policy_applies_after_restart") {
         return;
     }
     let mut c = cluster("fio", &ClusterOptions::default());
-    let (server, _app) = server(&mut c);
-    let client = add(&mut c, "demo", "client", "node1", "client");
-    let other = add(&mut c, "demo", "other", "node1", "other");
-    let target = server.addr(SERVER_PORT);
-    let vip = SocketAddr::from((SERVER_VIP, 80));
-    for pod in [&client, &other] {
-        wait_for(CONVERGE, || echo_ok(&pod.netns, target)).expect("traffic before the outage");
-    }
-    wait_for(CONVERGE, || echo_ok(&client.netns, vip)).expect("service VIP before the outage");
-
-    let established = client
-        .netns
-        .tcp_connect(target, Duration::from_secs(3))
-        .expect("connect");
-    assert_eq!(echo_on(&established), Echo::Ok);
+    let w = Watched::start(&mut c);
     c.istiod.stop();
     let outage = Instant::now();
-    let probes = [(&client, target), (&other, target), (&client, vip)];
-    let (round_trips, new_connections) = ride_out(&established, &probes, 30);
+    let (round_trips, new_connections) = w.ride_out(30);
     let down_for = outage.elapsed();
     c.istiod.restart();
     eprintln!(
         "istiod outage: down {down_for:.1?}, {round_trips} round trips on the established connection, {new_connections} new connections, all ok"
     );
     assert_eq!(
-        echo_on(&established),
+        echo_on(&w.established),
         Echo::Ok,
         "established connection after restart"
     );
-
-    // A policy written after the restart reaches the ztunnels: DENY `other`.
-    c.objects()
-        .write("deny-other.yaml", &deny_policy("deny-other", "other"));
-    let took = wait_for(Duration::from_secs(30), || {
-        echo_denied(&other.netns, target)
-    })
-    .unwrap_or_else(|e| panic!("DENY policy written after istiod restart never applied: {e}"));
-    eprintln!("istiod outage: DENY policy written after the restart enforced within {took:.1?}");
-    assert_eq!(
-        echo(&client.netns, target),
-        Echo::Ok,
-        "the client is not denied"
-    );
-    c.objects().remove("deny-other.yaml");
-    wait_for(CONVERGE, || echo_ok(&other.netns, target))
-        .expect("allowed again once the DENY policy is removed");
-    assert_eq!(
-        echo_on(&established),
-        Echo::Ok,
-        "established connection at the end"
-    );
+    w.policy_still_applies(&c, "the istiod restart");
 }
 
 // ------------------------------------------------------- 1b. istiod's connection age
@@ -172,21 +211,8 @@ fn ztunnels_ride_istiods_connection_age_closes_and_keep_following_config() {
     // below every ztunnel's xDS stream is cut at least once.
     let options = ClusterOptions::default().istiod_arg("--keepaliveMaxServerConnectionAge=1s");
     let mut c = cluster("fage", &options);
-    let (server, _app) = server(&mut c);
-    let client = add(&mut c, "demo", "client", "node1", "client");
-    let other = add(&mut c, "demo", "other", "node1", "other");
-    let target = server.addr(SERVER_PORT);
-    let vip = SocketAddr::from((SERVER_VIP, 80));
-    for pod in [&client, &other] {
-        wait_for(CONVERGE, || echo_ok(&pod.netns, target)).expect("traffic at the start");
-    }
-    wait_for(CONVERGE, || echo_ok(&client.netns, vip)).expect("service VIP at the start");
-    let established = client
-        .netns
-        .tcp_connect(target, Duration::from_secs(3))
-        .expect("connect");
-    let probes = [(&client, target), (&other, target), (&client, vip)];
-    let (round_trips, new_connections) = ride_out(&established, &probes, 13);
+    let w = Watched::start(&mut c);
+    let (round_trips, new_connections) = w.ride_out(13);
     for n in &c.nodes {
         let reconnects = n
             .ztunnel
@@ -205,24 +231,8 @@ fn ztunnels_ride_istiods_connection_age_closes_and_keep_following_config() {
         );
     }
     eprintln!("connection age: {round_trips} round trips on the established connection, {new_connections} new connections, all ok");
-
-    // The streams the ztunnels opened again carry changes: DENY `other`.
-    c.objects()
-        .write("deny-other.yaml", &deny_policy("deny-other", "other"));
-    wait_for(Duration::from_secs(30), || {
-        echo_denied(&other.netns, target)
-    })
-    .unwrap_or_else(|e| panic!("DENY policy written after the reconnections never applied: {e}"));
-    assert_eq!(
-        echo(&client.netns, target),
-        Echo::Ok,
-        "the client is not denied"
-    );
-    assert_eq!(
-        echo_on(&established),
-        Echo::Ok,
-        "established connection at the end"
-    );
+    // The streams the ztunnels opened again carry changes.
+    w.policy_still_applies(&c, "the reconnections");
 }
 
 /// For `seconds` seconds: a round trip on `established` every second, and every 5 s a new
