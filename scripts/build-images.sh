@@ -16,4 +16,8 @@ while [ $# -gt 0 ]; do
 done
 "$REPO_ROOT/scripts/install-deps.sh"
 cargo build --release --locked --bins
+# ztunnel again on its own: built with the rest, it takes the features other crates turn on in
+# shared dependencies (kube's `log` output of tracing and mio, among others), which adds about
+# 0.4 MB of code and 0.3 MiB of idle RSS to every node's ztunnel.
+cargo build --release --locked -p ztunnel
 python3 "$REPO_ROOT/scripts/build-images.py" --bin-dir "$CARGO_TARGET_DIR/release" --out "$out" "${args[@]}"
