@@ -7,8 +7,10 @@ set -euo pipefail
 source "$(dirname "$0")/../scripts/env.sh"
 cd "$REPO_ROOT"
 "$REPO_ROOT/scripts/install-deps.sh"
-cargo build --release -p istiod -p cni-node -p pilot-agent -p waypoint-controller -p mesh-bench
-# ztunnel on its own, as scripts/build-images.sh ships it (no features of the others' dependencies).
+cargo build --release -p istiod -p cni-node -p waypoint-controller -p mesh-bench
+# ztunnel and pilot-agent each on its own, as scripts/build-images.sh ships them (no features of
+# the others' dependencies).
 cargo build --release -p ztunnel
+cargo build --release -p pilot-agent
 export MESH_BIN_DIR="$CARGO_TARGET_DIR/release"
 exec "$MESH_BIN_DIR/waypoint-http" "$@"

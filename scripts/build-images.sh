@@ -16,8 +16,10 @@ while [ $# -gt 0 ]; do
 done
 "$REPO_ROOT/scripts/install-deps.sh"
 cargo build --release --locked --bins
-# ztunnel again on its own: built with the rest, it takes the features other crates turn on in
-# shared dependencies (kube's `log` output of tracing and mio, among others), which adds about
-# 0.4 MB of code and 0.3 MiB of idle RSS to every node's ztunnel.
+# The per-pod and per-node proxies again, each on its own: built with the rest, they take the
+# features other crates turn on in shared dependencies (kube's `log` output of tracing and mio,
+# among others). ztunnel: .text 5.77 -> 5.34 MB, idle RSS about 0.3 MiB less on every node;
+# pilot-agent (in every sidecar and waypoint): .text 7.46 -> 6.87 MB.
 cargo build --release --locked -p ztunnel
+cargo build --release --locked -p pilot-agent
 python3 "$REPO_ROOT/scripts/build-images.py" --bin-dir "$CARGO_TARGET_DIR/release" --out "$out" "${args[@]}"
