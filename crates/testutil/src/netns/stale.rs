@@ -123,6 +123,11 @@ pub(super) fn parse_state(text: &str) -> State {
     state
 }
 
+/// The pid that names a temporary claim file `.<prefix>.tmp<pid>` ([`StateFile::claim`]).
+pub(super) fn claim_in_progress_by(name: &str) -> Option<u32> {
+    name.strip_prefix('.')?.rsplit_once(".tmp")?.1.parse().ok()
+}
+
 /// Tears down every topology in `dir` whose owner is gone; returns their prefixes.
 pub(super) fn cleanup_stale_in(dir: &Path) -> Result<Vec<String>, NetnsError> {
     let entries = match fs::read_dir(dir) {
@@ -139,16 +144,22 @@ pub(super) fn cleanup_stale_in(dir: &Path) -> Result<Vec<String>, NetnsError> {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
+        if name.starts_with('.') {
+            // A claim in progress, or an interrupted one (nothing was created under it). Its
+            // content may be half written by a live claimant right now, so only the pid in its
+            // name tells whether it is abandoned.
+            if claim_in_progress_by(&name)
+                .is_none_or(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+            {
+                let _ = fs::remove_file(&path);
+            }
+            continue;
+        }
         let Ok(text) = fs::read_to_string(&path) else {
             continue;
         };
         let state = parse_state(&text);
         if state.owner.is_some_and(|owner| owner.is_alive()) {
-            continue;
-        }
-        if name.starts_with('.') {
-            // An interrupted claim: nothing was created under it.
-            let _ = fs::remove_file(&path);
             continue;
         }
         tracing::info!(prefix = %name, owner = ?state.owner, "removing a stale test topology");

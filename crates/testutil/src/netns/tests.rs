@@ -1,7 +1,9 @@
 use std::net::Ipv4Addr;
 
 use super::redirect::redirect_rules_script;
-use super::stale::{parse_start_time, parse_state, Owner, State, StateFile};
+use super::stale::{
+    claim_in_progress_by, cleanup_stale_in, parse_start_time, parse_state, Owner, State, StateFile,
+};
 use super::topology::{base36, in_cidr, make_prefix, sanitize_hint};
 use super::RedirectOptions;
 
@@ -65,6 +67,30 @@ fn state_file_round_trip_and_exclusive_claim() {
     assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 1);
     claim.remove();
     assert!(!dir.path().join("mtx00").exists());
+}
+
+#[test]
+fn a_claim_being_written_survives_a_concurrent_cleanup_and_an_abandoned_one_does_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A live claimant has created its temporary file and not written it yet: empty content,
+    // no owner line. Another test thread cleaning up stale topologies must leave it alone.
+    let live = format!(".mtx01.tmp{}", std::process::id());
+    // Beyond the kernel's largest pid (2^22): nobody can be writing this one.
+    let abandoned = ".mtx02.tmp99999999";
+    for name in [live.as_str(), abandoned] {
+        std::fs::write(dir.path().join(name), "").expect("write");
+    }
+    assert_eq!(claim_in_progress_by(&live), Some(std::process::id()));
+    assert_eq!(claim_in_progress_by(".mtx03.tmp"), None);
+    assert_eq!(
+        cleanup_stale_in(dir.path()).expect("cleanup"),
+        Vec::<String>::new()
+    );
+    assert!(dir.path().join(&live).exists(), "a live claim was removed");
+    assert!(
+        !dir.path().join(abandoned).exists(),
+        "an abandoned claim was kept"
+    );
 }
 
 #[test]
