@@ -572,9 +572,7 @@ fn read_keepalive(v: &mut Vars) -> Keepalive {
     }
 }
 
-/// [`CONNECTION_TERMINATION_DEADLINE`] if set; else [`TERMINATION_GRACE_PERIOD_SECONDS`] minus
-/// 5 s (minus 1 s when the grace period is 10 s or less), leaving time before Kubernetes'
-/// SIGKILL; else [`DEFAULT_TERMINATION_DEADLINE`].
+/// [`ZTUNNEL_WORKER_THREADS`] if set (at least 1); else a quarter of the cores, at least 2.
 fn read_worker_threads(v: &mut Vars) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let default = cores.div_ceil(4).max(2);
@@ -592,6 +590,9 @@ fn read_worker_threads(v: &mut Vars) -> usize {
     }
 }
 
+/// [`CONNECTION_TERMINATION_DEADLINE`] if set; else [`TERMINATION_GRACE_PERIOD_SECONDS`] minus
+/// 5 s (minus 1 s when the grace period is 10 s or less), leaving time before Kubernetes'
+/// SIGKILL; else [`DEFAULT_TERMINATION_DEADLINE`].
 fn read_termination_deadline(v: &mut Vars) -> Duration {
     if let Some(d) = v.duration(CONNECTION_TERMINATION_DEADLINE) {
         return d;
