@@ -4,6 +4,8 @@
 //! harness. Measures iperf3 throughput (1 and N streams), 1 KB ping-pong latency, connection
 //! churn, ztunnel CPU per phase, RSS idle / peak / with many idle connections, fds after they
 //! close; prints a table with the targets beside each figure (PASS/MISS, never asserted).
+//! Then the floor: the throughput, latency and churn tests through two plain TCP relays
+//! instead of the ztunnels ([`relay`]), which bounds what any user-space proxy pair can reach.
 //!
 //! Needs root and iperf3. Usage (bench/ztunnel-dataplane.sh builds release binaries and sets
 //! MESH_BIN_DIR): ztunnel-dataplane [--quick] [--iperf-secs 10 --streams 8
@@ -13,15 +15,17 @@ mod iperf;
 mod load;
 mod mesh;
 mod procfs;
+mod relay;
 mod report;
 
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
 use clap::Parser;
 
 use crate::mesh::{Cluster, Path};
-use crate::report::{Pair, Results, Rss};
+use crate::report::{Floor, Pair, Results, Rss};
 
 #[derive(Parser, Debug, Clone)]
 pub struct Args {
@@ -63,9 +67,20 @@ pub struct Args {
     /// the server pod's leg can pair (the outbound REDIRECT is a NAT).
     #[arg(long)]
     sockmap: bool,
+    /// Skip the floor: the same 1-stream iperf3, ping-pong and churn tests through two plain
+    /// TCP relays in place of the ztunnels (no TLS, no HTTP/2), the least any pair of
+    /// user-space proxies costs on this machine.
+    #[arg(long)]
+    no_floor: bool,
     /// Internal: run as the echo server on these ports (started inside the server pods).
     #[arg(long, hide = true, value_delimiter = ',')]
     serve_echo: Vec<u16>,
+    /// Internal: run as a plain TCP relay of `--relay-ports` to this address (started inside
+    /// the nodes for the floor).
+    #[arg(long, hide = true)]
+    relay_to: Option<Ipv4Addr>,
+    #[arg(long, hide = true, value_delimiter = ',')]
+    relay_ports: Vec<u16>,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +114,9 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse().effective();
     if !args.serve_echo.is_empty() {
         return load::serve(&args.serve_echo);
+    }
+    if let Some(to) = args.relay_to {
+        return relay::serve(to, &args.relay_ports);
     }
     if !mesh_testutil::netns::have_root("ztunnel-dataplane") {
         bail!("the benchmark needs root (network namespaces, nftables)");
@@ -200,11 +218,22 @@ fn both<T>(
     what: &str,
     f: impl Fn(&Path) -> anyhow::Result<T>,
 ) -> anyhow::Result<Pair<T>> {
-    let pids = c.ztunnel_pids;
+    compare(what, &c.direct, ("mesh", &c.mesh), &c.ztunnel_pids, f)
+}
+
+/// Runs `f` on the `direct` path, then on the `proxied` one, with the CPU of the proxies
+/// (`pids`) during each.
+fn compare<T>(
+    what: &str,
+    direct: &Path,
+    (name, proxied): (&str, &Path),
+    pids: &[u32],
+    f: impl Fn(&Path) -> anyhow::Result<T>,
+) -> anyhow::Result<Pair<T>> {
     eprintln!("{what}: direct");
-    let (direct, cpu_direct) = with_cpu(&pids, || f(&c.direct))?;
-    eprintln!("{what}: mesh");
-    let (mesh, cpu_mesh) = with_cpu(&pids, || f(&c.mesh))?;
+    let (direct, cpu_direct) = with_cpu(pids, || f(direct))?;
+    eprintln!("{what}: {name}");
+    let (mesh, cpu_mesh) = with_cpu(pids, || f(proxied))?;
     Ok(Pair {
         direct,
         mesh,
@@ -242,41 +271,60 @@ fn added_p50(p: &Pair<[f64; 2]>) -> f64 {
     p.mesh[0] - p.direct[0]
 }
 
+/// iperf3 with `streams` from a path's client to its server.
+fn iperf<'a>(
+    args: &'a Args,
+    scratch: &'a std::path::Path,
+    streams: u32,
+) -> impl Fn(&Path) -> anyhow::Result<iperf::Throughput> + 'a {
+    move |p: &Path| iperf::run_client(&p.client, p.server_ip, args.iperf_secs, streams, scratch)
+}
+
+/// Ping-pong p50 and p99, microseconds.
+fn ping_pong(args: &Args) -> impl Fn(&Path) -> anyhow::Result<[f64; 2]> + '_ {
+    move |p: &Path| {
+        let mut samples = load::round_trips(
+            &p.client,
+            p.server_addr(ECHO_PORT),
+            args.payload,
+            args.warmup,
+            args.round_trips,
+        )?;
+        Ok([50.0, 99.0].map(|q| mesh_bench::percentile(&mut samples, q)))
+    }
+}
+
+fn churn(args: &Args) -> impl Fn(&Path) -> anyhow::Result<load::Churn> + '_ {
+    move |p: &Path| {
+        load::connection_churn(
+            &p.client,
+            p.server_addr(ECHO_PORT),
+            CHURN_PAYLOAD,
+            Duration::from_secs(args.churn_secs),
+        )
+    }
+}
+
 fn traffic(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Result<Results> {
-    let iperf = |streams: u32| {
-        move |p: &Path| iperf::run_client(&p.client, p.server_ip, args.iperf_secs, streams, scratch)
-    };
     let (single, single_ratios) = median_round(args.rounds, throughput_ratio, || {
-        both(c, "iperf3 1 stream", iperf(1))
+        both(c, "iperf3 1 stream", iperf(args, scratch, 1))
     })?;
     let (multi, multi_ratios) = median_round(args.rounds, throughput_ratio, || {
         both(
             c,
             &format!("iperf3 {} streams", args.streams),
-            iperf(args.streams),
+            iperf(args, scratch, args.streams),
         )
     })?;
     let (latency, added_p50s) = median_round(args.rounds, added_p50, || {
-        both(c, "ping-pong", |p| {
-            let mut samples = load::round_trips(
-                &p.client,
-                p.server_addr(ECHO_PORT),
-                args.payload,
-                args.warmup,
-                args.round_trips,
-            )?;
-            Ok([50.0, 99.0].map(|q| mesh_bench::percentile(&mut samples, q)))
-        })
+        both(c, "ping-pong", ping_pong(args))
     })?;
-    let churn_for = Duration::from_secs(args.churn_secs);
-    let churn = both(c, "connection churn", |p| {
-        load::connection_churn(
-            &p.client,
-            p.server_addr(ECHO_PORT),
-            CHURN_PAYLOAD,
-            churn_for,
-        )
-    })?;
+    let churn = both(c, "connection churn", churn(args))?;
+    let floor = if args.no_floor {
+        None
+    } else {
+        Some(floor(args, c, scratch)?)
+    };
     Ok(Results {
         single,
         multi,
@@ -285,7 +333,61 @@ fn traffic(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Resul
         latency,
         added_p50s,
         churn,
+        floor,
         ..Results::default()
+    })
+}
+
+/// The 1-stream iperf3, ping-pong and churn tests again, direct and through two plain TCP
+/// relays on the same nodes instead of the ztunnels ([`relay`]).
+fn floor(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Result<Floor> {
+    eprintln!("floor: starting a plain TCP relay on each node");
+    let ports = [ECHO_PORT, iperf::PORT];
+    let [node1, node2] = &c.nodes;
+    let relays = [
+        relay::Relay::start(&node1.0, node2.1, &ports)?,
+        relay::Relay::start(&node2.0, c.direct.server_ip, &ports)?,
+    ];
+    let pids = relays.each_ref().map(relay::Relay::pid);
+    // The unenrolled client reaches node1's relay at node1's IP; node2's relay forwards to
+    // the unenrolled server.
+    let relayed = Path {
+        client: c.direct.client.clone(),
+        server: c.direct.server.clone(),
+        server_ip: node1.1,
+    };
+    let proxied = ("relays", &relayed);
+    let (single, single_ratios) = median_round(args.rounds, throughput_ratio, || {
+        compare(
+            "floor: iperf3 1 stream",
+            &c.direct,
+            proxied,
+            &pids,
+            iperf(args, scratch, 1),
+        )
+    })?;
+    let (latency, added_p50s) = median_round(args.rounds, added_p50, || {
+        compare(
+            "floor: ping-pong",
+            &c.direct,
+            proxied,
+            &pids,
+            ping_pong(args),
+        )
+    })?;
+    let churn = compare(
+        "floor: connection churn",
+        &c.direct,
+        proxied,
+        &pids,
+        churn(args),
+    )?;
+    Ok(Floor {
+        single,
+        single_ratios,
+        latency,
+        added_p50s,
+        churn,
     })
 }
 

@@ -7,12 +7,14 @@ use crate::iperf::Throughput;
 use crate::load::Churn;
 use crate::Args;
 
-/// One measurement on both paths, with the CPU both ztunnels used during each.
+/// One measurement on both paths, with the CPU both proxies (the ztunnels, or the floor's
+/// relays) used during each.
 #[derive(Debug, Default, Clone)]
 pub struct Pair<T> {
     pub direct: T,
+    /// Through the proxies: the mesh, or the floor's relays.
     pub mesh: T,
-    /// ztunnel CPU seconds (both processes) while the direct run went on: should be ~0.
+    /// CPU seconds of both proxies while the direct run went on: should be ~0.
     pub cpu_direct: f64,
     pub cpu_mesh: f64,
     /// Of `cpu_mesh`, system time.
@@ -67,6 +69,18 @@ pub struct Results {
     pub close_secs: f64,
     /// The sockmap programs' counters over the whole run, with `--sockmap`.
     pub sockmap: Option<mesh_ebpf::SockmapStats>,
+    /// The same tests through two plain TCP relays, unless `--no-floor`.
+    pub floor: Option<Floor>,
+}
+
+/// The 1-stream, ping-pong and churn tests, direct and through two plain TCP relays.
+#[derive(Debug, Default)]
+pub struct Floor {
+    pub single: Pair<Throughput>,
+    pub single_ratios: Vec<f64>,
+    pub latency: Pair<[f64; 2]>,
+    pub added_p50s: Vec<f64>,
+    pub churn: Pair<Churn>,
 }
 
 /// Targets of the issue.
@@ -194,7 +208,7 @@ fn latency_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
         row([
             &format!("{size} B round trip p50 (us)"),
             &format!("{dp50:.1}"),
-            &format!("{mp50:.1} (+{:.1})", mp50 - dp50),
+            &format!("{mp50:.1} ({:+.1})", mp50 - dp50),
             &ratio(dp50, mp50),
             "+<= 55 us",
             &verdict(mp50 - dp50 <= MAX_ADDED_P50_US),
@@ -204,7 +218,7 @@ fn latency_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
             "",
             &r.added_p50s
                 .iter()
-                .map(|a| format!("+{a:.1}"))
+                .map(|a| format!("{a:+.1}"))
                 .collect::<Vec<_>>()
                 .join(" "),
             "",
@@ -214,7 +228,7 @@ fn latency_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
         row([
             &format!("{size} B round trip p99 (us)"),
             &format!("{dp99:.1}"),
-            &format!("{mp99:.1} (+{:.1})", mp99 - dp99),
+            &format!("{mp99:.1} ({:+.1})", mp99 - dp99),
             &ratio(dp99, mp99),
             "+<= 300 us",
             &verdict(mp99 - dp99 <= MAX_ADDED_P99_US),
@@ -355,6 +369,94 @@ fn memory_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
     ]
 }
 
+/// Microseconds of both proxies' CPU (all, then system time) per completed connection of
+/// the churn.
+fn cpu_per_connection(p: &Pair<Churn>) -> [f64; 2] {
+    [p.cpu_mesh, p.system_mesh].map(|secs| secs / p.mesh.completed.max(1) as f64 * 1e6)
+}
+
+/// The floor beside the mesh: what two proxies that only accept, connect and copy add on this
+/// machine, next to what the ztunnels add in the same run.
+fn floor_rows(r: &Results, f: &Floor) -> Vec<Vec<String>> {
+    let gbps = |p: &Pair<Throughput>| {
+        format!(
+            "{:.2} ({})",
+            p.mesh.gbps(),
+            ratio(p.direct.gbps(), p.mesh.gbps())
+        )
+    };
+    let added = |p: &Pair<[f64; 2]>, q: usize| format!("{:+.1}", p.mesh[q] - p.direct[q]);
+    let per_round = |all: &[f64]| {
+        all.iter()
+            .map(|a| format!("{a:+.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let system = |p: &Pair<Throughput>| per_gbps(p.system_mesh, &p.mesh);
+    let per_connection = |p: &Pair<Churn>| {
+        let [all, system] = cpu_per_connection(p);
+        format!("{all:.0}, {system:.0}")
+    };
+    vec![
+        row([
+            "throughput, 1 stream (Gbit/s, x direct)",
+            &format!("{:.2}", f.single.direct.gbps()),
+            &gbps(&f.single),
+            &gbps(&r.single),
+            ">= 0.33x direct",
+            &format!("rounds {}", ratios(&f.single_ratios)),
+        ]),
+        row([
+            "CPU cores per Gbit/s of both proxies, 1 stream",
+            "-",
+            &format!("{:.3}", cores_per_gbps(&f.single)),
+            &format!("{:.3}", cores_per_gbps(&r.single)),
+            "<= 0.16",
+            "",
+        ]),
+        row([
+            "  of which kernel (system time)",
+            "-",
+            &format!("{:.3}", system(&f.single)),
+            &format!("{:.3}", system(&r.single)),
+            "",
+            "",
+        ]),
+        row([
+            "added round trip p50 (us)",
+            &format!("{:.1}", f.latency.direct[0]),
+            &added(&f.latency, 0),
+            &added(&r.latency, 0),
+            "+<= 55 us",
+            &format!("rounds {}", per_round(&f.added_p50s)),
+        ]),
+        row([
+            "added round trip p99 (us)",
+            &format!("{:.1}", f.latency.direct[1]),
+            &added(&f.latency, 1),
+            &added(&r.latency, 1),
+            "+<= 300 us",
+            "",
+        ]),
+        row([
+            "new connections per second",
+            &format!("{:.0}", f.churn.direct.per_second),
+            &format!("{:.0}", f.churn.mesh.per_second),
+            &format!("{:.0}", r.churn.mesh.per_second),
+            ">= 2,800",
+            "",
+        ]),
+        row([
+            "  CPU of both proxies per connection (us), of which kernel",
+            "-",
+            &per_connection(&f.churn),
+            &per_connection(&r.churn),
+            "",
+            "",
+        ]),
+    ]
+}
+
 /// After the idle connections close, each ztunnel is back to its earlier fd count, but for
 /// the one idle HBONE connection per destination its pool may keep (when the earlier phases
 /// left none) and its peer's end of it.
@@ -399,6 +501,25 @@ pub fn print(args: &Args, r: &Results) {
         ],
         &rows,
     );
+    if let Some(floor) = &r.floor {
+        println!(
+            "\nFloor: the same tests through two plain TCP relays (one process per node, \
+             accept + connect + copy; no TLS, HTTP/2, capture, policy or metrics) in place of \
+             the ztunnels, each round beside its own direct run. A target the relays miss is \
+             out of reach of any pair of user-space proxies on this machine.\n"
+        );
+        print_table(
+            &[
+                "metric",
+                "direct",
+                "two relays",
+                "mesh (above)",
+                "target",
+                "",
+            ],
+            &floor_rows(r, floor),
+        );
+    }
     if let Some(stats) = &r.sockmap {
         println!(
             "\nsockmap (in-pod legs socket to socket): {} app and {} ztunnel sockets paired, \
