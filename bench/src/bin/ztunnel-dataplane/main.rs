@@ -4,8 +4,9 @@
 //! harness. Measures iperf3 throughput (1 and N streams), 1 KB ping-pong latency, connection
 //! churn, ztunnel CPU per phase, RSS idle / peak / with many idle connections, fds after they
 //! close; prints a table with the targets beside each figure (PASS/MISS, never asserted).
-//! Then the floor: the throughput, latency and churn tests through two plain TCP relays
-//! instead of the ztunnels ([`relay`]), which bounds what any user-space proxy pair can reach.
+//! Then the floor: the throughput, latency and churn tests through two plain TCP relays in
+//! the places of the ztunnels' in-pod sockets ([`relay`]): what a proxy pair that does nothing
+//! but copy costs on this machine.
 //!
 //! Needs root and iperf3. Usage (bench/ztunnel-dataplane.sh builds release binaries and sets
 //! MESH_BIN_DIR): ztunnel-dataplane [--quick] [--iperf-secs 10 --streams 8
@@ -76,11 +77,12 @@ pub struct Args {
     #[arg(long, hide = true, value_delimiter = ',')]
     serve_echo: Vec<u16>,
     /// Internal: run as a plain TCP relay of `--relay-ports` to this address (started inside
-    /// the nodes for the floor).
+    /// the unenrolled pods for the floor).
     #[arg(long, hide = true)]
     relay_to: Option<Ipv4Addr>,
+    /// Internal: the relay's ports, `LISTEN:TARGET` each.
     #[arg(long, hide = true, value_delimiter = ',')]
-    relay_ports: Vec<u16>,
+    relay_ports: Vec<relay::PortMap>,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,22 +341,30 @@ fn traffic(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Resul
 }
 
 /// The 1-stream iperf3, ping-pong and churn tests again, direct and through two plain TCP
-/// relays on the same nodes instead of the ztunnels ([`relay`]).
+/// relays in the unenrolled pods, where the ztunnels' in-pod sockets would be ([`relay`]).
 fn floor(args: &Args, c: &Cluster, scratch: &std::path::Path) -> anyhow::Result<Floor> {
-    eprintln!("floor: starting a plain TCP relay on each node");
+    eprintln!("floor: starting a plain TCP relay in each unenrolled pod");
     let ports = [ECHO_PORT, iperf::PORT];
-    let [node1, node2] = &c.nodes;
+    let hop = |listen: u16, target: u16| relay::PortMap { listen, target };
     let relays = [
-        relay::Relay::start(&node1.0, node2.1, &ports)?,
-        relay::Relay::start(&node2.0, c.direct.server_ip, &ports)?,
+        relay::Relay::start(
+            &c.direct.client,
+            c.direct.server_ip,
+            &ports.map(|p| hop(p, p + relay::PORT_OFFSET)),
+        )?,
+        relay::Relay::start(
+            &c.direct.server,
+            Ipv4Addr::LOCALHOST,
+            &ports.map(|p| hop(p + relay::PORT_OFFSET, p)),
+        )?,
     ];
     let pids = relays.each_ref().map(relay::Relay::pid);
-    // The unenrolled client reaches node1's relay at node1's IP; node2's relay forwards to
-    // the unenrolled server.
+    // The client reaches its pod's relay over loopback, as an enrolled app reaches ztunnel's
+    // in-pod socket; the server pod's relay reaches the server over loopback.
     let relayed = Path {
         client: c.direct.client.clone(),
         server: c.direct.server.clone(),
-        server_ip: node1.1,
+        server_ip: Ipv4Addr::LOCALHOST,
     };
     let proxied = ("relays", &relayed);
     let (single, single_ratios) = median_round(args.rounds, throughput_ratio, || {

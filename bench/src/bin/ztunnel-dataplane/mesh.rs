@@ -43,8 +43,6 @@ impl Path {
 pub struct Cluster {
     pub direct: Path,
     pub mesh: Path,
-    /// Each node's network namespace and IP, node1 then node2.
-    pub nodes: [(Netns, Ipv4Addr); 2],
     /// ztunnel pids, node1 then node2.
     pub ztunnel_pids: [u32; 2],
     // Field order is drop order: the processes go before the namespaces they run in.
@@ -134,7 +132,6 @@ impl Cluster {
         Ok(Cluster {
             direct: path(&net, "dclient", "dserver")?,
             mesh: path(&net, "client", "server")?,
-            nodes: nodes.each_ref().map(|n| (n.netns().clone(), n.ip())),
             ztunnel_pids,
             ztunnels,
             _zds: zds,

@@ -423,7 +423,7 @@ fn floor_rows(r: &Results, f: &Floor) -> Vec<Vec<String>> {
             "",
         ]),
         row([
-            "added round trip p50 (us)",
+            "round trip p50 (us): direct, added",
             &format!("{:.1}", f.latency.direct[0]),
             &added(&f.latency, 0),
             &added(&r.latency, 0),
@@ -431,7 +431,7 @@ fn floor_rows(r: &Results, f: &Floor) -> Vec<Vec<String>> {
             &format!("rounds {}", per_round(&f.added_p50s)),
         ]),
         row([
-            "added round trip p99 (us)",
+            "round trip p99 (us): direct, added",
             &format!("{:.1}", f.latency.direct[1]),
             &added(&f.latency, 1),
             &added(&r.latency, 1),
@@ -444,6 +444,14 @@ fn floor_rows(r: &Results, f: &Floor) -> Vec<Vec<String>> {
             &format!("{:.0}", f.churn.mesh.per_second),
             &format!("{:.0}", r.churn.mesh.per_second),
             ">= 2,800",
+            "",
+        ]),
+        row([
+            "  (failed connections)",
+            &f.churn.direct.failed.to_string(),
+            &f.churn.mesh.failed.to_string(),
+            &r.churn.mesh.failed.to_string(),
+            "",
             "",
         ]),
         row([
@@ -503,10 +511,11 @@ pub fn print(args: &Args, r: &Results) {
     );
     if let Some(floor) = &r.floor {
         println!(
-            "\nFloor: the same tests through two plain TCP relays (one process per node, \
-             accept + connect + copy; no TLS, HTTP/2, capture, policy or metrics) in place of \
-             the ztunnels, each round beside its own direct run. A target the relays miss is \
-             out of reach of any pair of user-space proxies on this machine.\n"
+            "\nFloor: the same tests between the unenrolled pods through two plain TCP relays \
+             (one process in each pod, where ztunnel's in-pod socket would be: accept + connect \
+             + copy; no TLS, HTTP/2, capture, policy or metrics), each round beside its own \
+             direct run. A target the relays miss is out of reach of a proxy pair that does \
+             anything more on this machine.\n"
         );
         print_table(
             &[
