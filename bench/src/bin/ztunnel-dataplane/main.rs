@@ -69,8 +69,8 @@ pub struct Args {
     #[arg(long)]
     sockmap: bool,
     /// Skip the floor: the same 1-stream iperf3, ping-pong and churn tests through two plain
-    /// TCP relays in place of the ztunnels (no TLS, no HTTP/2), the least any pair of
-    /// user-space proxies costs on this machine.
+    /// TCP relays in the places of the ztunnels' in-pod sockets (no TLS, no HTTP/2), what a
+    /// proxy pair that only copies costs on this machine.
     #[arg(long)]
     no_floor: bool,
     /// Internal: run as the echo server on these ports (started inside the server pods).

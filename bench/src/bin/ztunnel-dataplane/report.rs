@@ -112,9 +112,22 @@ fn ratios(all: &[f64]) -> String {
         .join(" ")
 }
 
-/// ztunnel CPU (both) per wall second, per Gbit/s received.
+/// Each round's added microseconds, signed.
+fn added_rounds(all: &[f64]) -> String {
+    all.iter()
+        .map(|a| format!("{a:+.1}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The proxies' CPU (both) per wall second, per Gbit/s received.
 fn cores_per_gbps(p: &Pair<Throughput>) -> f64 {
     per_gbps(p.cpu_mesh, &p.mesh)
+}
+
+/// Of [`cores_per_gbps`], system time.
+fn system_per_gbps(p: &Pair<Throughput>) -> f64 {
+    per_gbps(p.system_mesh, &p.mesh)
 }
 
 /// CPU seconds as cores (per wall second of the run) per Gbit/s it carried.
@@ -183,7 +196,7 @@ fn throughput_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
         row([
             "  of which kernel (system time), 1 stream",
             "-",
-            &format!("{:.3}", per_gbps(r.single.system_mesh, &r.single.mesh)),
+            &format!("{:.3}", system_per_gbps(&r.single)),
             "",
             "",
             "",
@@ -216,11 +229,7 @@ fn latency_rows(args: &Args, r: &Results) -> Vec<Vec<String>> {
         row([
             "added p50 of each round (us)",
             "",
-            &r.added_p50s
-                .iter()
-                .map(|a| format!("{a:+.1}"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            &added_rounds(&r.added_p50s),
             "",
             "median round above",
             "",
@@ -386,13 +395,6 @@ fn floor_rows(r: &Results, f: &Floor) -> Vec<Vec<String>> {
         )
     };
     let added = |p: &Pair<[f64; 2]>, q: usize| format!("{:+.1}", p.mesh[q] - p.direct[q]);
-    let per_round = |all: &[f64]| {
-        all.iter()
-            .map(|a| format!("{a:+.1}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let system = |p: &Pair<Throughput>| per_gbps(p.system_mesh, &p.mesh);
     let per_connection = |p: &Pair<Churn>| {
         let [all, system] = cpu_per_connection(p);
         format!("{all:.0}, {system:.0}")
@@ -417,8 +419,8 @@ fn floor_rows(r: &Results, f: &Floor) -> Vec<Vec<String>> {
         row([
             "  of which kernel (system time)",
             "-",
-            &format!("{:.3}", system(&f.single)),
-            &format!("{:.3}", system(&r.single)),
+            &format!("{:.3}", system_per_gbps(&f.single)),
+            &format!("{:.3}", system_per_gbps(&r.single)),
             "",
             "",
         ]),
@@ -428,7 +430,7 @@ fn floor_rows(r: &Results, f: &Floor) -> Vec<Vec<String>> {
             &added(&f.latency, 0),
             &added(&r.latency, 0),
             "+<= 55 us",
-            &format!("rounds {}", per_round(&f.added_p50s)),
+            &format!("rounds {}", added_rounds(&f.added_p50s)),
         ]),
         row([
             "round trip p99 (us): direct, added",
